@@ -1,0 +1,96 @@
+"""Attribute, event and metric names: the span contract in one place.
+
+`gen_ai.*` are spelled as the OpenTelemetry GenAI semantic conventions spell them; `ragtoll.*`
+are ragtoll's own. Imports nothing.
+"""
+
+from __future__ import annotations
+
+# --- OpenTelemetry GenAI conventions ------------------------------------------------------------
+GEN_AI_OPERATION_NAME = "gen_ai.operation.name"
+GEN_AI_PROVIDER_NAME = "gen_ai.provider.name"
+GEN_AI_REQUEST_MODEL = "gen_ai.request.model"
+GEN_AI_REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+GEN_AI_REQUEST_TOP_K = "gen_ai.request.top_k"
+GEN_AI_RESPONSE_MODEL = "gen_ai.response.model"
+GEN_AI_RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+GEN_AI_USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+GEN_AI_USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+GEN_AI_USAGE_CACHED_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+GEN_AI_USAGE_REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
+GEN_AI_DATA_SOURCE_ID = "gen_ai.data_source.id"
+GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+
+HTTP_REQUEST_METHOD = "http.request.method"
+HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+HTTP_ROUTE = "http.route"
+URL_PATH = "url.path"
+ERROR_TYPE = "error.type"
+SERVER_ADDRESS = "server.address"
+
+# --- ragtoll ------------------------------------------------------------------------------------
+TASK_ID = "ragtoll.task.id"
+TASK_SOURCE = "ragtoll.task.source"
+TASK_NOTES = "ragtoll.task.notes"
+UPSTREAM = "ragtoll.upstream"
+UPSTREAM_KIND = "ragtoll.upstream.kind"
+PROFILE = "ragtoll.budget.profile"
+PROFILE_SOURCE = "ragtoll.budget.profile.source"
+QUERY_CLASS = "ragtoll.query.class"
+QUERY_CLASS_REASON = "ragtoll.query.class.reason"
+BUDGET_MODE = "ragtoll.budget.mode"
+BUDGET_EXCEEDED = "ragtoll.budget.exceeded"
+BUDGET_EXCEEDED_DIMENSION = "ragtoll.budget.exceeded.dimension"
+BUDGET_WOULD_REJECT = "ragtoll.budget.would_reject"
+BUDGET_STREAM_CUT = "ragtoll.budget.stream_cut"
+
+
+def budget_limit(dimension: str) -> str:
+    return f"ragtoll.budget.{dimension}.limit"
+
+
+def budget_used(dimension: str) -> str:
+    return f"ragtoll.budget.{dimension}.used"
+
+
+def budget_remaining(dimension: str) -> str:
+    return f"ragtoll.budget.{dimension}.remaining"
+
+
+COST_USD = "ragtoll.cost.usd"
+COST_ESTIMATED = "ragtoll.cost.estimated"
+PROMPT_TOKENS_ESTIMATE = "ragtoll.usage.input_tokens.estimate"
+PROMPT_TOKENS_ESTIMATED = "ragtoll.usage.input_tokens.estimated"
+CACHE_RESULT = "ragtoll.cache.result"
+CACHE_HIT = "ragtoll.cache.hit"
+CACHE_TIER = "ragtoll.cache.tier"
+CACHE_SIMILARITY = "ragtoll.cache.similarity"
+CACHE_REASON = "ragtoll.cache.reason"
+EVIDENCE_NEW_CHUNKS = "ragtoll.evidence.new_chunks"
+EVIDENCE_DUPLICATE_TOKENS = "ragtoll.evidence.duplicate_tokens"
+QUERY_NEW = "ragtoll.query.new"
+PARSE_ERROR = "ragtoll.parse_error"
+DEGRADED = "ragtoll.degraded"
+OUTCOME = "ragtoll.outcome"
+STREAM = "ragtoll.stream"
+BYTES_OUT = "ragtoll.response.bytes"
+
+# --- events -------------------------------------------------------------------------------------
+EVENT_CHARGE = "ragtoll.budget.charge"
+EVENT_WARNING = "ragtoll.budget.warning"
+EVENT_EXCEEDED = "ragtoll.budget.exceeded"
+EVENT_DEGRADED = "ragtoll.store.degraded"
+
+# --- span names ---------------------------------------------------------------------------------
+TASK_SPAN = "ragtoll.task"
+
+# --- metrics ------------------------------------------------------------------------------------
+METRIC_TOKEN_USAGE = "gen_ai.client.token.usage"
+METRIC_OPERATION_DURATION = "gen_ai.client.operation.duration"
+METRIC_CALLS = "ragtoll.calls"
+METRIC_REJECTIONS = "ragtoll.rejections"
+METRIC_CACHE_LOOKUPS = "ragtoll.cache.lookups"
+METRIC_COST = "ragtoll.cost"
+METRIC_OVERHEAD = "ragtoll.proxy.overhead"
+METRIC_TASK_COST = "ragtoll.task.cost"
+METRIC_TASK_CALLS = "ragtoll.task.calls"

@@ -1,0 +1,74 @@
+"""Tracer and meter providers from the standard `OTEL_*` variables.
+
+With no exporter configured nothing is exported and nothing errors. OTLP over HTTP/protobuf is the
+default protocol; `OTEL_EXPORTER_OTLP_PROTOCOL=grpc` switches to gRPC. Jaeger ingests either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+
+def _enabled(env: Mapping[str, str], signal: str) -> bool:
+    if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+        return False
+    exporter = env.get(f"OTEL_{signal.upper()}_EXPORTER", "otlp").lower()
+    if exporter in ("none", ""):
+        return False
+    return bool(
+        env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+
+
+def _protocol(env: Mapping[str, str], signal: str) -> str:
+    return env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get(
+        "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+    )
+
+
+def _resource(env: Mapping[str, str], service_name: str) -> Resource:
+    base = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
+    return base.merge(OTELResourceDetector().detect()) if env.get("OTEL_RESOURCE_ATTRIBUTES") else base
+
+
+def span_exporter(env: Mapping[str, str]) -> SpanExporter | None:
+    """The OTLP span exporter the `OTEL_*` variables ask for, or None."""
+    if not _enabled(env, "traces"):
+        return None
+    if _protocol(env, "traces") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter()
+
+
+def tracer_provider(env: Mapping[str, str], service_name: str = "ragtoll") -> TracerProvider:
+    provider = TracerProvider(resource=_resource(env, service_name))
+    exporter = span_exporter(env)
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
+
+
+def meter_provider(
+    env: Mapping[str, str], service_name: str = "ragtoll", extra_readers: tuple[MetricReader, ...] = ()
+) -> MeterProvider:
+    readers: list[MetricReader] = list(extra_readers)
+    if _enabled(env, "metrics"):
+        if _protocol(env, "metrics") == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcM
+
+            readers.append(PeriodicExportingMetricReader(GrpcM()))
+        else:
+            from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpM
+
+            readers.append(PeriodicExportingMetricReader(HttpM()))
+    return MeterProvider(metric_readers=readers, resource=_resource(env, service_name))

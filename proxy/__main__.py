@@ -1,0 +1,5 @@
+"""`python -m ragtoll.proxy` is `ragtoll`."""
+
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,135 @@
+"""The adapter protocol: one module per upstream API turns bytes into `Call` and `Observation`.
+
+Adapters are pure: bytes and headers in, values out. No network, no clock, no store. They must
+never raise on malformed input: they record `parse_error` and let the bytes through unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Protocol
+
+import orjson
+
+from ..config import UpstreamConfig
+from ..model import Call, Observation
+
+# Non-streamed response bodies are copied for parsing up to this size; larger ones pass unparsed.
+MAX_PARSE_BYTES = 8 * 1024 * 1024
+
+
+class Observer(Protocol):
+    """Reads a response as it passes. `feed` gets each decoded chunk in order, then `end=True` once.
+
+    It never holds bytes back from the client and never raises: a parse failure is recorded in
+    `observation.parse_error`.
+    """
+
+    observation: Observation
+
+    def feed(self, chunk: bytes, end: bool) -> None: ...
+
+
+class Adapter(Protocol):
+    name: str
+    error_style: str  # "openai" | "anthropic" | "plain": the shape of a local error body
+    reads_body: bool  # False: the request body streams through unread
+
+    def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call: ...
+
+    def observer(self, call: Call, status: int, headers: Mapping[str, str]) -> Observer: ...
+
+
+class AdapterFactory(Protocol):
+    def __call__(self, upstream: UpstreamConfig) -> Adapter: ...
+
+
+class NullObserver:
+    """For responses nobody needs to read (errors, pass-through routes)."""
+
+    def __init__(self) -> None:
+        self.observation = Observation()
+
+    def feed(self, chunk: bytes, end: bool) -> None:
+        return None
+
+
+class BufferedJsonObserver:
+    """Collects a non-streamed JSON body (up to MAX_PARSE_BYTES) and parses it once at the end."""
+
+    def __init__(self) -> None:
+        self.observation = Observation()
+        self._parts: list[bytes] = []
+        self._size = 0
+
+    def feed(self, chunk: bytes, end: bool) -> None:
+        if self._size <= MAX_PARSE_BYTES:
+            self._parts.append(chunk)
+            self._size += len(chunk)
+        if not end:
+            return
+        if self._size > MAX_PARSE_BYTES:
+            self.observation.parse_error = f"response larger than {MAX_PARSE_BYTES} bytes; not parsed"
+            return
+        try:
+            doc = orjson.loads(b"".join(self._parts))
+        except orjson.JSONDecodeError as exc:
+            self.observation.parse_error = f"response is not JSON: {exc}"
+            return
+        finally:
+            self._parts = []
+        try:
+            self.read(doc)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            self.observation.parse_error = f"unexpected response shape: {exc!r}"
+
+    def read(self, doc: object) -> None:
+        """Fill `self.observation` from the parsed body. Subclasses override."""
+
+
+class SseReader:
+    """Splits a byte stream into Server-Sent Events across arbitrary chunk boundaries.
+
+    Yields (event, data) for each complete event; `data` joins multi-line data fields with "\\n".
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def events(self, chunk: bytes) -> Iterator[tuple[str, str]]:
+        self._buf += chunk
+        while True:
+            cut, width = _blank_line(self._buf)
+            if cut < 0:
+                return
+            raw, self._buf = self._buf[:cut], self._buf[cut + width:]
+            event, data = "message", []
+            for line in raw.decode("utf-8", "replace").splitlines():
+                if line.startswith("data:"):
+                    data.append(line[5:].removeprefix(" "))
+                elif line.startswith("event:"):
+                    event = line[6:].strip()
+            if data:
+                yield event, "\n".join(data)
+
+
+def _blank_line(buf: bytes) -> tuple[int, int]:
+    best, width = -1, 0
+    for sep in (b"\n\n", b"\r\n\r\n", b"\r\r"):
+        i = buf.find(sep)
+        if i >= 0 and (best < 0 or i < best):
+            best, width = i, len(sep)
+    return best, width
+
+
+def json_body(body: bytes) -> tuple[dict[str, object] | None, str | None]:
+    """(document, None) for a JSON object body, else (None, why it could not be read)."""
+    if not body:
+        return None, "empty body"
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return None, f"request is not JSON: {exc}"
+    if not isinstance(doc, dict):
+        return None, "request JSON is not an object"
+    return doc, None

@@ -1,0 +1,84 @@
+"""Value types passed between stages: who the call belongs to, what it is, and what it cost.
+
+Pure data: frozen dataclasses, no I/O, no imports from the rest of ragtoll.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# task.source values: which DESIGN.md "Task identity" rule produced the id
+SOURCE_BAGGAGE = "baggage"
+SOURCE_TRACEPARENT = "traceparent"
+SOURCE_HEADER = "header"
+SOURCE_SESSION = "session"
+SOURCE_PER_CALL = "per-call"
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRef:
+    """The task a call belongs to.
+
+    `trace_id` is the 128-bit trace the call's spans go to; for tasks named by baggage or header
+    it is derived from the id, so every replica puts a task's calls in one trace.
+    `baggage` holds the W3C baggage members the caller sent (already size-checked).
+    """
+
+    id: str
+    source: str
+    trace_id: int
+    baggage: tuple[tuple[str, str], ...] = ()
+    notes: tuple[str, ...] = ()  # why a header or baggage member was ignored
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One retrieved piece of evidence."""
+
+    id: str
+    text: str = ""
+    score: float | None = None
+    source: str | None = None
+    acl: tuple[str, ...] | None = None  # None: the response said nothing about access
+
+
+@dataclass(slots=True)
+class Call:
+    """What an adapter read from a request body. Fields an API lacks stay at their defaults."""
+
+    operation: str  # gen_ai.operation.name: chat, text_completion, embeddings, retrieval, rerank, other
+    model: str | None = None
+    stream: bool = False
+    max_output_tokens: int | None = None
+    prompt_tokens: int | None = None  # counted from the request before forwarding
+    prompt_estimated: bool = False  # True when not counted with the model's own encoding
+    prompt_texts: list[str] = field(default_factory=list)
+    query: str | None = None  # retrieval / rerank query, as sent
+    query_vector: list[float] | None = None
+    filters: Any = None  # canonical filters (retrieval)
+    top_k: int | None = None
+    documents: int | None = None  # rerank: candidate count
+    inputs: int | None = None  # embeddings: input count
+    parse_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cached_input_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class Observation:
+    """What an adapter read from the response, possibly as it streamed past."""
+
+    usage: Usage | None = None
+    response_model: str | None = None
+    finish_reasons: list[str] = field(default_factory=list)
+    chunks: list[Chunk] | None = None  # retrieval results, rerank results as ids
+    output_tokens_seen: int = 0  # streamed output tokens counted so far (mid-stream enforcement)
+    source_version: str | None = None
+    parse_error: str | None = None

@@ -1,0 +1,403 @@
+"""The lifecycle of one proxied call: identify, open spans, run stages, forward, stream, settle.
+
+Order (DESIGN.md "The pipeline of one call"): task identity first (it parents the spans), then
+the stages in `Pipeline.stages` order - parse, evidence cache, budget - then the upstream, then
+every stage's `on_end` in reverse. Guarantees:
+  * every stage whose `on_request` ran gets exactly one `on_end`, on success, error, rejection
+    or client disconnect;
+  * the call span ends when the response body ends (or the exchange fails), never at headers;
+  * after response headers are sent the status cannot change: later failures are recorded on
+    the span and the body is cut short (the client sees an incomplete response, not a fake end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+from ..instrumentation import semconv as sc
+from .config import Settings, Timeouts
+from .errors import BodyTooLarge, RagtollError, Rejected, render
+from .model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, Call, Observation, TaskRef
+from .routing import Route, Router
+from .stages.identify import Identifier, derived_span_id, parse_traceparent
+from .upstream import UpstreamClient, UpstreamResponse
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+# RFC 9110 7.6.1 hop-by-hop headers, never forwarded in either direction.
+HOP_BY_HOP = frozenset(
+    {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
+     b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host"}
+)
+# ragtoll's own request headers are for ragtoll, not for the upstream.
+_OWN_PREFIX = b"x-ragtoll-"
+TASK_HEADER_OUT = b"x-ragtoll-task-id"
+
+
+@dataclass(slots=True)
+class Reply:
+    """A local answer; the upstream is not called."""
+
+    status: int
+    body: bytes
+    headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    content_type: bytes = b"application/json"
+
+
+@dataclass(slots=True)
+class Exchange:
+    """Everything stages share about one call. Stages add what they own to `state`."""
+
+    route: Route
+    method: str
+    target: str
+    headers: dict[str, str]
+    raw_headers: list[tuple[bytes, bytes]]
+    client: str
+    started: float
+    task: TaskRef | None = None
+    call: Call = field(default_factory=lambda: Call(operation="other"))
+    body: bytes | None = None
+    observation: Observation = field(default_factory=Observation)
+    span: Any = None
+    status: int | None = None
+    error: RagtollError | None = None
+    outcome: str = "ok"  # ok | rejected | upstream_error | client_disconnect | error
+    timeouts: Timeouts | None = None
+    response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
+    upstream_seconds: float = 0.0
+    bytes_out: int = 0
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class Stage(Protocol):
+    """One concern of the pipeline. `on_request` may return a `Reply` to answer locally."""
+
+    async def on_request(self, ex: Exchange) -> Reply | None: ...
+
+    async def on_end(self, ex: Exchange) -> None: ...
+
+
+class ChunkHook(Protocol):
+    """Optional stage capability: see each decoded response chunk; return bytes to end the
+    stream with those bytes instead of the rest (mid-stream budget enforcement)."""
+
+    def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None: ...
+
+
+class ClientDisconnected(Exception):
+    pass
+
+
+class Pipeline:
+    def __init__(
+        self,
+        settings: Settings,
+        router: Router,
+        client: UpstreamClient,
+        stages: list[Stage],
+        identifier: Identifier,
+        tracer: trace.Tracer,
+    ) -> None:
+        self.settings = settings
+        self.router = router
+        self.client = client
+        self.stages = stages
+        self.identifier = identifier
+        self.tracer = tracer
+        self._chunk_hooks = [s for s in stages if hasattr(s, "on_chunk")]
+        self._max_body = settings.server.max_body_bytes
+
+    async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
+        raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
+        headers: dict[str, str] = {}
+        duplicated: set[str] = set()
+        for k, v in raw_headers:
+            key = k.decode("latin-1").lower()
+            if key in headers:
+                duplicated.add(key)
+                headers[key] = f"{headers[key]}, {v.decode('latin-1')}"
+            else:
+                headers[key] = v.decode("latin-1")
+        client = scope.get("client")
+        style = route.adapter.error_style
+        try:
+            target = self.router.target(route, scope.get("raw_path") or scope["path"].encode(), scope["query_string"])
+            task = self.identifier.identify(headers, client[0] if client else "", frozenset(duplicated))
+        except Rejected as exc:
+            await _send_error(send, exc, style, [])
+            return
+        ex = Exchange(route, scope["method"], target, headers, raw_headers, client[0] if client else "",
+                      time.perf_counter(), task=task, timeouts=route.upstream.timeouts)
+        ex.response_headers.append((TASK_HEADER_OUT, task.id.encode()))
+        parent = trace.set_span_in_context(NonRecordingSpan(_parent_context(task, headers)))
+        server_span = self.tracer.start_span(
+            f"{ex.method} {route.prefix}", context=parent, kind=SpanKind.SERVER,
+            attributes={sc.HTTP_REQUEST_METHOD: ex.method, sc.HTTP_ROUTE: route.prefix + "/*",
+                        sc.URL_PATH: scope["path"][:256]},
+        )
+        try:
+            await self._run(ex, server_span, scope, receive, send)
+        finally:
+            if ex.status is not None:
+                server_span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, ex.status)
+                if ex.status >= 500:
+                    server_span.set_status(Status(StatusCode.ERROR))
+            server_span.end()
+
+    async def _run(self, ex: Exchange, server_span: Any, scope: Scope, receive: Receive, send: Send) -> None:
+        route = ex.route
+        style = route.adapter.error_style
+        body_iter: AsyncIterator[bytes] | None = None
+        try:
+            if route.adapter.reads_body:
+                ex.body = await _read_body(receive, ex.headers, self._max_body)
+            else:
+                _check_declared_length(ex.headers, self._max_body)
+                body_iter = _stream_body(receive, self._max_body)
+        except (BodyTooLarge, ClientDisconnected) as exc:
+            ex.outcome = "rejected" if isinstance(exc, BodyTooLarge) else "client_disconnect"
+            if isinstance(exc, BodyTooLarge):
+                ex.status = exc.status
+                await _send_error(send, exc, style, ex.response_headers)
+            return
+        if ex.body is not None:
+            ex.call = route.adapter.parse_request(ex.method, ex.target.split("?", 1)[0], ex.headers, ex.body)
+        call = ex.call
+        name = f"{call.operation} {call.model or route.upstream.name}"
+        span = self.tracer.start_span(name, context=trace.set_span_in_context(server_span), kind=SpanKind.CLIENT)
+        ex.span = span
+        span.set_attributes({
+            sc.GEN_AI_OPERATION_NAME: call.operation,
+            sc.GEN_AI_PROVIDER_NAME: route.upstream.api,
+            sc.UPSTREAM: route.upstream.name,
+            sc.UPSTREAM_KIND: route.upstream.kind,
+            sc.TASK_ID: ex.task.id if ex.task else "",
+            sc.TASK_SOURCE: ex.task.source if ex.task else "",
+        })
+        if ex.task and ex.task.notes:
+            span.set_attribute(sc.TASK_NOTES, list(ex.task.notes))
+        ran: list[Stage] = []
+        watcher: asyncio.Task[None] | None = None
+        try:
+            reply: Reply | None = None
+            for stage in self.stages:
+                ran.append(stage)
+                reply = await stage.on_request(ex)
+                if reply is not None:
+                    break
+            if reply is not None:
+                ex.status = reply.status
+                if reply.status >= 400:
+                    ex.outcome = "rejected"
+                await _send_reply(send, reply, ex.response_headers)
+                return
+            if body_iter is None:
+                watcher = _watch_disconnect(receive, asyncio.current_task(), ex)
+            await self._forward(ex, body_iter, send, receive)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if ex.outcome != "client_disconnect" or task is None:
+                raise
+            task.uncancel()  # cancelled by our own disconnect watcher: finish the bookkeeping
+        except ClientDisconnected:
+            ex.outcome = "client_disconnect"
+        except RagtollError as exc:
+            ex.error = exc
+            if ex.status is None:  # nothing sent yet: a clean JSON error
+                ex.status = exc.status
+                ex.outcome = "rejected" if isinstance(exc, Rejected) else "upstream_error"
+                await _send_error(send, exc, style, ex.response_headers)
+            else:
+                ex.outcome = "upstream_error"
+        except Exception as exc:  # a bug: answer 500 if we still can, record it, never hang
+            ex.outcome = "error"
+            span.record_exception(exc)
+            if ex.status is None:
+                ex.status = 500
+                await _send_error(send, RagtollError(f"internal error: {type(exc).__name__}"), style, ex.response_headers)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            for stage in reversed(ran):
+                try:
+                    await stage.on_end(ex)
+                except Exception as exc:  # failsafe: a stage's bookkeeping never fails the call
+                    span.record_exception(exc)
+            _finish_span(span, ex)
+
+    async def _forward(self, ex: Exchange, body: AsyncIterator[bytes] | None, send: Send, receive: Receive) -> None:
+        route = ex.route
+        out_headers = [(k, v) for k, v in ex.raw_headers if k.lower() not in HOP_BY_HOP and not k.lower().startswith(_OWN_PREFIX)]
+        t0 = time.perf_counter()
+        with trace.use_span(ex.span, end_on_exit=False):
+            response = await self.client.send(
+                route.upstream, ex.method, ex.target, out_headers,
+                ex.body if ex.body is not None else body,  # type: ignore[arg-type]
+                timeouts=ex.timeouts or route.upstream.timeouts,
+            )
+        try:
+            ex.status = response.status
+            observer = route.adapter.observer(ex.call, response.status, response.headers)
+            ex.observation = observer.observation
+            decoder = _decoder(response.headers.get("content-encoding", ""))
+            if decoder is None:
+                ex.observation.parse_error = f"content-encoding {response.headers.get('content-encoding')!r} not read"
+            headers = [(k, v) for k, v in response.raw_headers if k.lower() not in HOP_BY_HOP]
+            await send({"type": "http.response.start", "status": response.status,
+                        "headers": headers + ex.response_headers})
+            cut: bytes | None = None
+            async for chunk in response.chunks():
+                if decoder is not None:
+                    plain = decoder(chunk)
+                    observer.feed(plain, False)
+                    for hook in self._chunk_hooks:
+                        cut = hook.on_chunk(ex, plain)  # type: ignore[attr-defined]
+                        if cut is not None:
+                            break
+                if cut is not None:
+                    observer.feed(b"", True)
+                    ex.state["complete"] = True
+                    await send({"type": "http.response.body", "body": cut, "more_body": False})
+                    ex.bytes_out += len(cut)
+                    break
+                ex.bytes_out += len(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            else:
+                observer.feed(b"", True)
+                ex.state["complete"] = True
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            ex.upstream_seconds = time.perf_counter() - t0
+            await response.aclose()
+
+
+def _parent_context(task: TaskRef, headers: dict[str, str]) -> SpanContext:
+    """The caller's span when it sent a valid traceparent; else the task's virtual root."""
+    if task.source in (SOURCE_TRACEPARENT, SOURCE_BAGGAGE):
+        parsed = parse_traceparent(headers.get("traceparent"))
+        if parsed is not None:
+            trace_id, span_id, flags = parsed
+            return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 1))
+    return SpanContext(task.trace_id, derived_span_id(task.id), is_remote=True, trace_flags=TraceFlags(1))
+
+
+def _finish_span(span: Any, ex: Exchange) -> None:
+    attrs: dict[str, Any] = {sc.OUTCOME: ex.outcome, sc.BYTES_OUT: ex.bytes_out}
+    if ex.status is not None:
+        attrs[sc.HTTP_RESPONSE_STATUS_CODE] = ex.status
+    if ex.error is not None:
+        attrs[sc.ERROR_TYPE] = ex.error.code
+        span.set_status(Status(StatusCode.ERROR, ex.error.message[:200]))
+    elif ex.status is not None and ex.status >= 500:
+        attrs[sc.ERROR_TYPE] = str(ex.status)
+        span.set_status(Status(StatusCode.ERROR))
+    if ex.outcome == "client_disconnect":
+        attrs[sc.ERROR_TYPE] = "client_disconnect"
+    span.set_attributes(attrs)
+    span.end()
+
+
+def _watch_disconnect(receive: Receive, handler: asyncio.Task[Any] | None, ex: Exchange) -> asyncio.Task[None]:
+    """Cancel `handler` if the client goes away while the upstream is still working.
+
+    The server also answers `http.disconnect` once the response is complete, so a finished
+    exchange (`state["complete"]`) is never cancelled.
+    """
+
+    async def watch() -> None:
+        message = await receive()
+        if message["type"] != "http.disconnect" or handler is None or handler.done():
+            return
+        if ex.state.get("complete"):
+            return
+        ex.outcome = "client_disconnect"
+        handler.cancel()
+
+    return asyncio.get_running_loop().create_task(watch())
+
+
+async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+    _check_declared_length(headers, limit)
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body exceeds {limit} bytes (server.max_body_bytes)", limit=limit)
+        parts.append(chunk)
+        if not message.get("more_body", False):
+            return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _check_declared_length(headers: dict[str, str], limit: int) -> None:
+    declared = headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise BodyTooLarge(f"request body exceeds {limit} bytes (server.max_body_bytes)", limit=limit)
+
+
+async def _stream_body(receive: Receive, limit: int) -> AsyncIterator[bytes]:
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge(f"request body exceeds {limit} bytes (server.max_body_bytes)", limit=limit)
+        if chunk:
+            yield chunk
+        if not message.get("more_body", False):
+            return
+
+
+def _decoder(encoding: str) -> Callable[[bytes], bytes] | None:
+    """A chunk decoder for the observer's copy; the client always gets the raw bytes."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return _identity
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        d = zlib.decompressobj(zlib.MAX_WBITS | 32)  # auto-detects gzip and zlib headers
+
+        def decode(chunk: bytes) -> bytes:
+            try:
+                return d.decompress(chunk)
+            except zlib.error:
+                return b""
+
+        return decode
+    return None
+
+
+def _identity(chunk: bytes) -> bytes:
+    return chunk
+
+
+async def _send_reply(send: Send, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:
+    headers = [(b"content-type", reply.content_type), (b"content-length", str(len(reply.body)).encode()),
+               *reply.headers, *extra]
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": reply.body, "more_body": False})
+
+
+async def _send_error(send: Send, error: RagtollError, style: str, extra: list[tuple[bytes, bytes]]) -> None:
+    headers: list[tuple[bytes, bytes]] = []
+    if isinstance(error, Rejected):
+        # A local refusal is final: the OpenAI and Anthropic SDKs would otherwise retry it.
+        headers.append((b"x-should-retry", b"false"))
+    await _send_reply(send, Reply(error.status, render(error, style=style), headers), extra)

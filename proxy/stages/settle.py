@@ -1,0 +1,57 @@
+"""Settle: records what the call really was and cost on its span, in `on_end`.
+
+Runs last in `on_request` order, so its `on_end` runs first and later stages' bookkeeping
+(budget settle) sees the same observation. It never fails a call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...instrumentation import semconv as sc
+from ..config import Settings
+from ..pipeline import Exchange, Reply
+
+
+class SettleStage:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+
+    async def on_request(self, ex: Exchange) -> Reply | None:
+        return None
+
+    async def on_end(self, ex: Exchange) -> None:
+        span = ex.span
+        if span is None or not span.is_recording():
+            return
+        call, obs = ex.call, ex.observation
+        attrs: dict[str, Any] = {sc.STREAM: call.stream}
+        if call.model:
+            attrs[sc.GEN_AI_REQUEST_MODEL] = call.model
+        if call.max_output_tokens is not None:
+            attrs[sc.GEN_AI_REQUEST_MAX_TOKENS] = call.max_output_tokens
+        if call.top_k is not None:
+            attrs[sc.GEN_AI_REQUEST_TOP_K] = call.top_k
+        if call.operation == "retrieval":
+            attrs[sc.GEN_AI_DATA_SOURCE_ID] = ex.route.upstream.name
+        if call.prompt_tokens is not None:
+            attrs[sc.PROMPT_TOKENS_ESTIMATE] = call.prompt_tokens
+            attrs[sc.PROMPT_TOKENS_ESTIMATED] = call.prompt_estimated
+        if obs.response_model:
+            attrs[sc.GEN_AI_RESPONSE_MODEL] = obs.response_model
+        if obs.finish_reasons:
+            attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = obs.finish_reasons
+        u = obs.usage
+        if u is not None:
+            for key, value in (
+                (sc.GEN_AI_USAGE_INPUT_TOKENS, u.input_tokens),
+                (sc.GEN_AI_USAGE_OUTPUT_TOKENS, u.output_tokens),
+                (sc.GEN_AI_USAGE_CACHED_INPUT_TOKENS, u.cached_input_tokens),
+                (sc.GEN_AI_USAGE_REASONING_TOKENS, u.reasoning_tokens),
+            ):
+                if isinstance(value, int):
+                    attrs[key] = value
+        parse_error = call.parse_error or obs.parse_error
+        if parse_error:
+            attrs[sc.PARSE_ERROR] = parse_error[:300]
+        span.set_attributes(attrs)

@@ -1,0 +1,160 @@
+"""The upstream side: one pooled HTTP client, trust-aware propagation, and error mapping.
+
+The only module that imports the HTTP client library (`httpx2`, the API-compatible httpx fork the
+OpenAI SDK uses; it measured about half httpx's CPU per proxied call, see bench/). Every client
+exception is mapped to a ragtoll error here, also while a response body streams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import Any
+
+import httpx2 as httpx
+from opentelemetry.instrumentation.httpx import AsyncOpenTelemetryTransportHttpx2
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
+
+from .config import Settings, Timeouts, UpstreamConfig
+from .errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+
+# Trace context leaves ragtoll only toward trusted upstreams; baggage never toward others.
+_CONTEXT_HEADERS = (b"traceparent", b"tracestate", b"baggage")
+_TRUSTED = "ragtoll.trusted"
+
+
+class _TrustFilter(httpx.AsyncBaseTransport):
+    """Innermost transport: drops trace context headers on requests to untrusted upstreams.
+
+    It sits under the OpenTelemetry transport so it also removes what that transport injected.
+    """
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if not request.extensions.get(_TRUSTED):
+            for name in _CONTEXT_HEADERS:
+                if name.decode() in request.headers:
+                    del request.headers[name.decode()]
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _origin(url: str) -> str:
+    u = httpx.URL(url)
+    port = f":{u.port}" if u.port else ""
+    return f"{u.scheme}://{u.host}{port}"
+
+
+class UpstreamClient:
+    """Owns the pooled client; made in the app lifespan and closed there.
+
+    Each upstream origin gets its own connection pool (its `limits`), all behind one client.
+    """
+
+    def __init__(
+        self,
+        upstreams: Sequence[UpstreamConfig],
+        *,
+        tracer_provider: TracerProvider | None = None,
+        meter_provider: MeterProvider | None = None,
+    ) -> None:
+        mounts: dict[str, httpx.AsyncBaseTransport] = {}
+        for up in upstreams:
+            origin = _origin(up.url)
+            if origin in mounts:
+                continue
+            limits = httpx.Limits(
+                max_connections=up.limits.max_connections,
+                max_keepalive_connections=up.limits.max_keepalive_connections,
+            )
+            inner = _TrustFilter(httpx.AsyncHTTPTransport(limits=limits, trust_env=False))
+            mounts[origin + "/"] = AsyncOpenTelemetryTransportHttpx2(
+                inner, tracer_provider=tracer_provider, meter_provider=meter_provider
+            )
+        # Never remember cookies: a proxy must not carry one caller's Set-Cookie to another.
+        jar = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+        self._client = httpx.AsyncClient(
+            mounts=mounts, cookies=jar, trust_env=False, follow_redirects=False, timeout=None
+        )
+        # Forward the caller's headers unchanged: no client defaults added.
+        for name in ("user-agent", "accept", "accept-encoding", "connection"):
+            del self._client.headers[name]
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def send(
+        self,
+        upstream: UpstreamConfig,
+        method: str,
+        target: str,
+        headers: list[tuple[bytes, bytes]],
+        body: bytes | AsyncIterator[bytes],
+        *,
+        timeouts: Timeouts,
+    ) -> UpstreamResponse:
+        """Start the exchange and return once response headers arrive.
+
+        The caller owns the returned response and must `aclose()` it (also on cancellation).
+        """
+        timeout = httpx.Timeout(connect=timeouts.connect, read=timeouts.read, write=timeouts.write, pool=timeouts.pool)
+        url = upstream.url.rstrip("/") + target
+        with _mapped(upstream.name):
+            request = self._client.build_request(
+                method, url, headers=headers, content=body, timeout=timeout,
+                extensions={_TRUSTED: upstream.trusted},
+            )
+            response = await self._client.send(request, stream=True)
+        return UpstreamResponse(response, upstream.name)
+
+
+class UpstreamResponse:
+    """A streaming upstream response; raw (still compressed) bytes, errors mapped."""
+
+    def __init__(self, response: httpx.Response, upstream: str) -> None:
+        self._response = response
+        self._upstream = upstream
+        self.status = response.status_code
+        self.raw_headers: list[tuple[bytes, bytes]] = response.headers.raw
+        self.headers: Mapping[str, str] = response.headers
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        with _mapped(self._upstream):
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._response.aclose()
+
+
+@contextlib.contextmanager
+def _mapped(upstream: str) -> Iterator[None]:
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise UpstreamTimeout(
+            f"upstream {upstream!r} timed out ({type(exc).__name__})", upstream=upstream
+        ) from exc
+    except (httpx.ConnectError, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+        raise UpstreamUnavailable(
+            f"upstream {upstream!r} is unavailable ({type(exc).__name__}: {exc})", upstream=upstream
+        ) from exc
+    except httpx.HTTPError as exc:
+        raise UpstreamError(f"upstream {upstream!r} failed ({type(exc).__name__}: {exc})", upstream=upstream) from exc
+
+
+def headers_dict(raw: Sequence[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """Lower-cased str headers; repeated names joined with ', ' as HTTP allows."""
+    out: dict[str, Any] = {}
+    for k, v in raw:
+        key = k.decode("latin-1").lower()
+        val = v.decode("latin-1")
+        out[key] = f"{out[key]}, {val}" if key in out else val
+    return out

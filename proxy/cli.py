@@ -71,6 +71,7 @@ def _serve(args: argparse.Namespace) -> int:
     uvicorn.run(
         app, host=server.host, port=server.port, loop="auto", http="auto",
         access_log=server.access_log, log_level="warning", lifespan="on",
+        proxy_headers=False, server_header=False, date_header=False,
     )
     tracer_provider.shutdown()
     meter_provider.shutdown()

@@ -162,16 +162,19 @@ class Pipeline:
         try:
             if route.adapter.reads_body:
                 ex.body = await _read_body(receive, ex.headers, self._max_body)
-            else:
+            elif "content-length" in ex.headers or "transfer-encoding" in ex.headers:
                 _check_declared_length(ex.headers, self._max_body)
-                body_iter = _stream_body(receive, self._max_body)
+                # the disconnect watcher may only read `receive` once the body is consumed
+                body_iter = _stream_body(receive, self._max_body, lambda: self._watch(ex, receive))
+            else:
+                ex.body = b""  # no body framing: forward none (not an empty chunked body)
         except (BodyTooLarge, ClientDisconnected) as exc:
             ex.outcome = "rejected" if isinstance(exc, BodyTooLarge) else "client_disconnect"
             if isinstance(exc, BodyTooLarge):
                 ex.status = exc.status
                 await _send_error(send, exc, style, ex.response_headers)
             return
-        if ex.body is not None:
+        if route.adapter.reads_body and ex.body is not None:
             ex.call = route.adapter.parse_request(ex.method, ex.target.split("?", 1)[0], ex.headers, ex.body)
         call = ex.call
         name = f"{call.operation} {call.model or route.upstream.name}"
@@ -188,7 +191,6 @@ class Pipeline:
         if ex.task and ex.task.notes:
             span.set_attribute(sc.TASK_NOTES, list(ex.task.notes))
         ran: list[Stage] = []
-        watcher: asyncio.Task[None] | None = None
         try:
             reply: Reply | None = None
             for stage in self.stages:
@@ -203,7 +205,7 @@ class Pipeline:
                 await _send_reply(send, reply, ex.response_headers)
                 return
             if body_iter is None:
-                watcher = _watch_disconnect(receive, asyncio.current_task(), ex)
+                self._watch(ex, receive)
             await self._forward(ex, body_iter, send, receive)
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -227,6 +229,7 @@ class Pipeline:
                 ex.status = 500
                 await _send_error(send, RagtollError(f"internal error: {type(exc).__name__}"), style, ex.response_headers)
         finally:
+            watcher = ex.state.pop("watcher", None)
             if watcher is not None:
                 watcher.cancel()
             for stage in reversed(ran):
@@ -235,6 +238,10 @@ class Pipeline:
                 except Exception as exc:  # failsafe: a stage's bookkeeping never fails the call
                     span.record_exception(exc)
             _finish_span(span, ex)
+
+    @staticmethod
+    def _watch(ex: Exchange, receive: Receive) -> None:
+        ex.state["watcher"] = _watch_disconnect(receive, asyncio.current_task(), ex)
 
     async def _forward(self, ex: Exchange, body: AsyncIterator[bytes] | None, send: Send, receive: Receive) -> None:
         route = ex.route
@@ -350,7 +357,7 @@ def _check_declared_length(headers: dict[str, str], limit: int) -> None:
         raise BodyTooLarge(f"request body exceeds {limit} bytes (server.max_body_bytes)", limit=limit)
 
 
-async def _stream_body(receive: Receive, limit: int) -> AsyncIterator[bytes]:
+async def _stream_body(receive: Receive, limit: int, on_done: Callable[[], None]) -> AsyncIterator[bytes]:
     size = 0
     while True:
         message = await receive()
@@ -363,6 +370,7 @@ async def _stream_body(receive: Receive, limit: int) -> AsyncIterator[bytes]:
         if chunk:
             yield chunk
         if not message.get("more_body", False):
+            on_done()
             return
 
 

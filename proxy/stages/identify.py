@@ -155,7 +155,7 @@ class Identifier:
         # A labelled heuristic: one client (address, user agent, credential) with gaps under the
         # idle timeout is one task. Credentials are hashed, never stored.
         key = xxhash.xxh3_64_hexdigest(
-            "\x00".join((client, headers.get("user-agent", ""), headers.get("authorization", "")))
+            "\x00".join((client, headers.get("user-agent", ""), headers.get("authorization", ""))).encode()
         )
         now = self._clock()
         found = self._sessions.get(key)

@@ -1,0 +1,108 @@
+"""Shared fixtures: a loopback fake upstream, ragtoll served on loopback, OTel in-memory, real Redis."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from ragtoll.proxy import config
+from ragtoll.proxy.app import build_app
+from support.redis_server import env_redis_url, start_redis, stop_all
+from support.servers import serve_in_thread
+from support.upstream import UpstreamApp
+
+
+@dataclass
+class Upstream:
+    url: str
+    app: UpstreamApp
+
+
+@pytest.fixture(scope="session")
+def upstream() -> Iterator[Upstream]:
+    app = UpstreamApp()
+    with serve_in_thread(app) as url:
+        yield Upstream(url, app)
+
+
+@pytest.fixture(autouse=True)
+def _reset_upstream_counts(request: pytest.FixtureRequest) -> None:
+    if "upstream" in request.fixturenames:
+        request.getfixturevalue("upstream").app.state.reset()
+
+
+@dataclass
+class Telemetry:
+    tracer_provider: TracerProvider
+    exporter: InMemorySpanExporter
+    meter_provider: MeterProvider
+    reader: InMemoryMetricReader
+
+    def spans(self) -> list[Any]:
+        return list(self.exporter.get_finished_spans())
+
+    def by_name(self, name: str) -> list[Any]:
+        return [s for s in self.spans() if s.name == name]
+
+
+@pytest.fixture
+def telemetry() -> Iterator[Telemetry]:
+    exporter = InMemorySpanExporter()
+    tp = TracerProvider()
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader])
+    yield Telemetry(tp, exporter, mp, reader)
+    tp.shutdown()
+    mp.shutdown()
+
+
+def default_upstreams(base: str) -> list[dict[str, Any]]:
+    return [
+        {"name": "openai", "kind": "llm", "api": "openai", "url": base, "prefix": "/openai"},
+        {"name": "docs", "kind": "retrieval", "api": "passthrough", "url": base, "prefix": "/docs"},
+        {"name": "raw", "kind": "other", "api": "passthrough", "url": base, "prefix": "/raw"},
+        {"name": "trusted", "kind": "other", "api": "passthrough", "url": base, "prefix": "/trusted", "trusted": True},
+    ]
+
+
+ProxyFactory = Callable[..., contextlib.AbstractContextManager[str]]
+
+
+@pytest.fixture
+def proxy(upstream: Upstream, telemetry: Telemetry) -> ProxyFactory:
+    """`with proxy(**overrides) as base_url:` serves ragtoll on loopback against the fake upstream."""
+
+    @contextlib.contextmanager
+    def make(**overrides: Any) -> Iterator[str]:
+        raw: dict[str, Any] = {"upstreams": default_upstreams(upstream.url)}
+        raw.update(overrides)
+        settings = config.parse(raw)
+        app = build_app(settings, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider)
+        with serve_in_thread(app) as url:
+            yield url
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """REDIS_URL when set, else a redis-server spawned on a free loopback port for this session."""
+    url = env_redis_url()
+    if url:
+        yield url
+        return
+    proc = start_redis()
+    try:
+        yield proc.url
+    finally:
+        stop_all([proc])

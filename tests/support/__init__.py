@@ -1,0 +1,1 @@
+"""Test support: loopback servers, the fake upstream stack, an OTLP receiver, Redis processes."""

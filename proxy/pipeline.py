@@ -323,10 +323,9 @@ def _watch_disconnect(receive: Receive, handler: asyncio.Task[Any] | None, ex: E
     """
 
     async def watch() -> None:
-        message = await receive()
-        if message["type"] != "http.disconnect" or handler is None or handler.done():
-            return
-        if ex.state.get("complete"):
+        while (await receive())["type"] != "http.disconnect":
+            pass  # an unread empty request body
+        if handler is None or handler.done() or ex.state.get("complete"):
             return
         ex.outcome = "client_disconnect"
         handler.cancel()

@@ -32,6 +32,15 @@ def _protocol(env: Mapping[str, str], signal: str) -> str:
     )
 
 
+def _endpoint(env: Mapping[str, str], signal: str, grpc: bool) -> str:
+    """The signal's endpoint as the OTLP spec derives it (a signal-specific one is used as-is)."""
+    specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+    if specific:
+        return specific
+    base = env["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    return base if grpc else f"{base.rstrip('/')}/v1/{signal}"
+
+
 def _resource(env: Mapping[str, str], service_name: str) -> Resource:
     base = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", service_name)})
     return base.merge(OTELResourceDetector().detect()) if env.get("OTEL_RESOURCE_ATTRIBUTES") else base
@@ -44,10 +53,10 @@ def span_exporter(env: Mapping[str, str]) -> SpanExporter | None:
     if _protocol(env, "traces") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
-        return GrpcExporter()
+        return GrpcExporter(endpoint=_endpoint(env, "traces", grpc=True))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-    return HttpExporter()
+    return HttpExporter(endpoint=_endpoint(env, "traces", grpc=False))
 
 
 def tracer_provider(env: Mapping[str, str], service_name: str = "ragtoll") -> TracerProvider:
@@ -66,9 +75,9 @@ def meter_provider(
         if _protocol(env, "metrics") == "grpc":
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcM
 
-            readers.append(PeriodicExportingMetricReader(GrpcM()))
+            readers.append(PeriodicExportingMetricReader(GrpcM(endpoint=_endpoint(env, "metrics", grpc=True))))
         else:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpM
 
-            readers.append(PeriodicExportingMetricReader(HttpM()))
+            readers.append(PeriodicExportingMetricReader(HttpM(endpoint=_endpoint(env, "metrics", grpc=False))))
     return MeterProvider(metric_readers=readers, resource=_resource(env, service_name))

@@ -1,0 +1,127 @@
+"""Spans of proxied calls: the tree under the caller's traceparent, in memory and over OTLP/HTTP."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import httpx
+import openai
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import SpanKind
+
+from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
+from ragtoll.instrumentation import setup
+from ragtoll.proxy import config
+from ragtoll.proxy.app import build_app
+from ragtoll.proxy.stages.identify import derived_span_id, derived_trace_id
+from support.otlp import OtlpReceiver
+from support.servers import serve_in_thread
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE}-{PARENT}-01"
+
+
+def test_span_tree_under_callers_traceparent(proxy: ProxyFactory, telemetry: Telemetry) -> None:
+    with proxy() as base:
+        client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key="k", max_retries=0,
+                               default_headers={"traceparent": TRACEPARENT})
+        client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
+    spans = telemetry.spans()
+    server = [s for s in spans if s.kind == SpanKind.SERVER][0]
+    call = telemetry.by_name("chat gpt-4o-mini")[0]
+    http_client = [s for s in spans if s.kind == SpanKind.CLIENT and s.name == "POST"][0]
+    assert f"{server.context.trace_id:032x}" == TRACE
+    assert f"{server.parent.span_id:016x}" == PARENT  # child of the caller's span, which ragtoll never ends
+    assert call.parent.span_id == server.context.span_id
+    assert http_client.parent.span_id == call.context.span_id
+    assert call.attributes["gen_ai.operation.name"] == "chat"
+    assert call.attributes["gen_ai.request.model"] == "gpt-4o-mini"
+    assert call.attributes["gen_ai.response.model"] == "gpt-4o-mini"
+    assert call.attributes["gen_ai.usage.input_tokens"] == 12
+    assert call.attributes["gen_ai.usage.output_tokens"] == 3
+    assert call.attributes["ragtoll.task.id"] == TRACE
+    assert call.attributes["ragtoll.task.source"] == "traceparent"
+    assert call.attributes["ragtoll.upstream"] == "openai"
+    assert len({s.context.trace_id for s in spans}) == 1
+
+
+def test_call_span_ends_when_the_body_ends_not_at_headers(proxy: ProxyFactory, telemetry: Telemetry) -> None:
+    body = {"model": "gpt-4o-mini", "stream": True, "messages": [], "stream_options": {"include_usage": True}}
+    with proxy() as base, httpx.Client() as http:
+        with http.stream("POST", f"{base}/openai/v1/chat/completions", json=body,
+                         headers={"x-test-delay": "0.1", "traceparent": TRACEPARENT}) as resp:
+            chunks = resp.iter_raw()
+            next(chunks)
+            headers_at = time.time_ns()
+            assert not telemetry.by_name("chat gpt-4o-mini")  # still streaming: not ended
+            b"".join(chunks)
+    call = telemetry.by_name("chat gpt-4o-mini")[0]
+    http_span = [s for s in telemetry.spans() if s.name == "POST"][0]
+    assert call.end_time > headers_at
+    assert call.end_time >= http_span.end_time  # the client span may end at headers; ours does not
+    assert call.attributes["gen_ai.usage.output_tokens"] == 5
+    assert call.attributes["gen_ai.response.finish_reasons"] == ("stop",)
+
+
+def test_header_task_gets_a_derived_trace_shared_by_all_its_calls(proxy: ProxyFactory, telemetry: Telemetry) -> None:
+    with proxy() as base:
+        for _ in range(3):
+            httpx.post(f"{base}/openai/v1/chat/completions", json={"model": "m", "messages": []},
+                       headers={"x-ragtoll-task-id": "ticket-42"})
+    calls = telemetry.by_name("chat m")
+    assert len(calls) == 3
+    assert {c.context.trace_id for c in calls} == {derived_trace_id("ticket-42")}
+    servers = [s for s in telemetry.spans() if s.kind == SpanKind.SERVER]
+    assert {s.parent.span_id for s in servers} == {derived_span_id("ticket-42")}
+    assert {c.attributes["ragtoll.task.source"] for c in calls} == {"header"}
+
+
+def test_trace_context_goes_only_to_trusted_upstreams(proxy: ProxyFactory, upstream: Upstream,
+                                                      telemetry: Telemetry) -> None:
+    sent = {"traceparent": TRACEPARENT, "baggage": "ragtoll.task.id=t1,user=alice", "tracestate": "k=v"}
+    with proxy() as base:
+        untrusted = httpx.get(f"{base}/raw/echo", headers=sent).json()["headers"]
+        trusted = httpx.get(f"{base}/trusted/echo", headers=sent).json()["headers"]
+    for name in ("traceparent", "tracestate", "baggage"):
+        assert name not in untrusted
+    # the trusted upstream gets ragtoll's own client span as parent, in the caller's trace
+    assert trusted["traceparent"].split("-")[1] == TRACE
+    assert trusted["traceparent"].split("-")[2] != PARENT
+    assert trusted["baggage"] == "ragtoll.task.id=t1,user=alice"
+
+
+def test_spans_arrive_over_otlp_http_and_decode(upstream: Upstream) -> None:
+    receiver = OtlpReceiver()
+    with serve_in_thread(receiver) as otlp:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_SERVICE_NAME": "ragtoll-test"}
+        tp = setup.tracer_provider(env)
+        settings = config.parse({"upstreams": default_upstreams(upstream.url)})
+        with serve_in_thread(build_app(settings, tracer_provider=tp)) as base:
+            httpx.post(f"{base}/openai/v1/chat/completions", json={"model": "gpt-4o", "messages": []},
+                       headers={"traceparent": TRACEPARENT})
+        tp.force_flush()
+        tp.shutdown()
+    spans = {s["name"]: s for s in receiver.spans}
+    assert {"POST /openai", "chat gpt-4o", "POST"} <= set(spans)
+    call = spans["chat gpt-4o"]
+    assert call["trace_id"] == TRACE
+    assert call["parent_span_id"] == spans["POST /openai"]["span_id"]
+    assert spans["POST /openai"]["parent_span_id"] == PARENT
+    assert spans["POST"]["parent_span_id"] == call["span_id"]
+    assert call["attributes"]["gen_ai.usage.input_tokens"] == 12
+    assert call["resource"]["service.name"] == "ragtoll-test"
+
+
+def test_no_exporter_configured_exports_nothing_and_errors_nothing() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    assert setup.span_exporter(env) is None
+    tp = setup.tracer_provider(env)
+    assert isinstance(tp, TracerProvider)
+    assert not any(isinstance(p, BatchSpanProcessor)
+                   for p in tp._active_span_processor._span_processors)  # noqa: SLF001
+    grpc = setup.span_exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
+                                "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    assert type(grpc).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")

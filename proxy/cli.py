@@ -22,7 +22,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="override server.port")
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("config", nargs="?", help="YAML config file (default: $RAGTOLL_CONFIG)")
+    _add_evaluation_commands(sub)
     args = parser.parse_args(argv)
+    if args.command in ("demo", "report", "recommend"):
+        return _run_evaluation_command(args)
     if args.command == "serve":
         return _serve(args)
     return _check(args)
@@ -76,6 +79,68 @@ def _serve(args: argparse.Namespace) -> int:
     tracer_provider.shutdown()
     meter_provider.shutdown()
     return 0
+
+
+# ---- demo | report | recommend (issue 8); imports stay inside the handlers ----------------------
+
+
+def _add_evaluation_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = sub.add_parser("demo", help="run the bundled RAG stack and agent through ragtoll, shadow vs enforced")
+    demo.add_argument("--quick", action="store_true", help="a shortened workload (seconds, for smoke tests)")
+    demo.add_argument("--keep-running", action="store_true", help="leave the stack and ragtoll up, print their URLs")
+    demo.add_argument("--records", help="also keep the task records in this JSONL file")
+    demo.add_argument("--format", choices=("table", "json"), default="table")
+    for name, helptext in (("report", "the evaluation table over task records"),
+                           ("recommend", "suggested budget limits per profile from observed tasks")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("records", nargs="?", help="task records JSONL file (or use --redis-url and --stream)")
+        p.add_argument("--redis-url", help="read a Redis Stream of task records instead of a file")
+        p.add_argument("--stream", default="ragtoll:tasks", help="stream key (default: ragtoll:tasks)")
+        if name == "report":
+            p.add_argument("--by", choices=("profile", "class", "route"), default="profile")
+            p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+            p.add_argument("--plot", metavar="FILE", help="write cost and budget-use pictures (.html or .svg)")
+        else:
+            p.add_argument("--percentile", type=float, default=95.0, help="percentile of correct tasks' use (95)")
+            p.add_argument("--headroom", type=float, default=1.2, help="multiplier on that percentile (1.2)")
+
+
+def _run_evaluation_command(args: argparse.Namespace) -> int:
+    from .errors import RagtollError
+
+    try:
+        if args.command == "demo":
+            from .demo.runner import main as demo_main
+
+            return demo_main(quick=args.quick, keep_running=args.keep_running, records=args.records,
+                             fmt=args.format)
+        from . import report
+
+        if args.redis_url:
+            records = report.read_stream(args.redis_url, args.stream)
+        elif args.records:
+            records = report.read_jsonl(args.records)
+        else:
+            print(f"ragtoll {args.command}: give a task records file or --redis-url URL", file=sys.stderr)
+            return 2
+        if args.command == "recommend":
+            advice = report.recommend(records, args.percentile, args.headroom)
+            sys.stdout.write(report.format_advice(advice, args.percentile, args.headroom))
+            return 0
+        rows = report.summarize(records, args.by)
+        sys.stdout.write(report.format_rows(rows, args.format, args.by))
+        if args.plot:
+            from . import report_plot
+
+            fmt = "svg" if args.plot.lower().endswith(".svg") else "html"
+            page = report_plot.render(records, args.by, fmt, report.format_rows(rows, "table", args.by))
+            with open(args.plot, "w", encoding="utf-8") as fh:
+                fh.write(page)
+            print(f"wrote {args.plot}", file=sys.stderr)
+        return 0
+    except (RagtollError, OSError) as exc:
+        print(f"ragtoll {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,331 @@
+"""The evaluation table and limit recommendations over task records (the budgets sink's output).
+
+Pure core: `summarize`, `recommend` and the formatters take parsed records and return values or
+text. I/O shell: `read_jsonl` and `read_stream` (the only `redis` import). Record keys are the
+task-record contract: task_id, profile, class, route, duration_ms, calls, steps, retrieval_calls,
+unique_queries, rerank_calls, context_tokens, completion_tokens, cost_usd, cache_hits,
+rejections, exhausted, outcome, end_reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from .errors import RagtollError
+
+GROUPS = ("profile", "class", "route")
+# record key -> the budget dimension that limits it (max_prompt_tokens and max_stalled_retrievals
+# are per call / per streak, so a task total says nothing about them)
+DIMENSION_OF = {
+    "steps": "max_steps",
+    "calls": "max_calls",
+    "retrieval_calls": "max_retrieval_calls",
+    "unique_queries": "max_unique_queries",
+    "rerank_calls": "max_rerank_calls",
+    "context_tokens": "max_context_tokens",
+    "completion_tokens": "max_completion_tokens",
+    "cost_usd": "max_cost_usd",
+    "duration_ms": "max_latency_ms",
+}
+_NUMERIC = tuple(DIMENSION_OF) + ("cache_hits",)
+
+
+class ReportError(RagtollError):
+    """Unreadable task records; the message names the source and line."""
+
+    code = "report_input_invalid"
+
+
+# ---- reading (I/O shell) ------------------------------------------------------------------------
+
+
+def parse_record(raw: Any, where: str) -> dict[str, Any]:
+    """One record, checked and with numeric fields normalised; bad input names `where`."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("task_id"), str):
+        raise ReportError(f"{where}: not a task record (a JSON object with a string task_id)")
+    rec = dict(raw)
+    for key in _NUMERIC:
+        value = rec.get(key)
+        if value is None:
+            rec[key] = 0
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ReportError(f"{where}: field {key!r} has value {value!r}, expected a number")
+    rejections = rec.get("rejections") or {}
+    if not isinstance(rejections, dict):
+        raise ReportError(f"{where}: field 'rejections' must be an object of dimension -> count")
+    rec["rejections"] = rejections
+    outcome = rec.get("outcome")
+    if outcome is not None and not (isinstance(outcome, dict) and isinstance(outcome.get("correct"), bool)):
+        raise ReportError(f"{where}: field 'outcome' must be null or {{\"correct\": true|false}}")
+    for key in GROUPS:
+        rec[key] = str(rec.get(key) or "-")
+    return rec
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    """Records of a JSONL file; blank lines skipped, any other bad line is an error naming it."""
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise ReportError(f"cannot read task records {path!r}: {exc.strerror}") from exc
+    out = []
+    with fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                raw = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ReportError(f"{path}:{n}: not JSON ({exc})") from exc
+            out.append(parse_record(raw, f"{path}:{n}"))
+    return out
+
+
+def read_stream(url: str, key: str, *, batch: int = 1000) -> list[dict[str, Any]]:
+    """Records of a Redis Stream. An entry is either one JSON field (any name) or flat fields."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    out: list[dict[str, Any]] = []
+    start = "-"
+    try:
+        while True:
+            entries = client.xrange(key, min=start, max="+", count=batch)
+            for entry_id, fields in entries:
+                out.append(parse_record(_entry(fields), f"{key}#{entry_id.decode()}"))
+            if len(entries) < batch:
+                return out
+            start = "(" + entries[-1][0].decode()
+    except redis.RedisError as exc:
+        raise ReportError(f"cannot read stream {key!r} from {url}: {exc}") from exc
+    finally:
+        client.close()
+
+
+def _entry(fields: Mapping[bytes, bytes]) -> Any:
+    decoded = {k.decode(): v for k, v in fields.items()}
+    if len(decoded) == 1:
+        (only,) = decoded.values()
+        try:
+            value = orjson.loads(only)
+        except orjson.JSONDecodeError:
+            value = None
+        if isinstance(value, dict):
+            return value
+    flat: dict[str, Any] = {}
+    for k, v in decoded.items():
+        try:
+            flat[k] = orjson.loads(v)
+        except orjson.JSONDecodeError:
+            flat[k] = v.decode("utf-8", "replace")
+    return flat
+
+
+# ---- the evaluation table (pure) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    group: str
+    tasks: int
+    judged: int  # tasks with an outcome posted
+    correct: int
+    accuracy: float | None
+    steps: float
+    retrieval_calls: float  # means per task
+    rerank_calls: float
+    context_tokens: float
+    cost_usd: float
+    total_cost_usd: float
+    cost_per_correct_usd: float | None  # cost of judged tasks / their correct answers
+    exhaustion_rate: float
+    cache_hit_rate: float | None  # cache hits / (hits + retrieval and rerank calls sent upstream)
+    latency_p50_ms: float
+    latency_p95_ms: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def percentile(values: Sequence[float], p: float) -> float:
+    """Linear-interpolated percentile (numpy's default); 0 for no values."""
+    if not values:
+        return 0.0
+    xs = sorted(values)
+    rank = (len(xs) - 1) * p / 100
+    lo, hi = math.floor(rank), math.ceil(rank)
+    return xs[lo] + (xs[hi] - xs[lo]) * (rank - lo)
+
+
+def summarize(records: Iterable[Mapping[str, Any]], by: str = "profile") -> list[Row]:
+    """One row per value of `by` (sorted), then an "all" row."""
+    if by not in GROUPS:
+        raise ReportError(f"cannot group by {by!r}; expected one of {', '.join(GROUPS)}")
+    recs = list(records)
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for rec in recs:
+        groups.setdefault(str(rec.get(by) or "-"), []).append(rec)
+    rows = [_row(name, groups[name]) for name in sorted(groups)]
+    if recs:
+        rows.append(_row("all", recs))
+    return rows
+
+
+def _row(name: str, recs: list[Mapping[str, Any]]) -> Row:
+    n = len(recs)
+    judged = [r for r in recs if r.get("outcome") is not None]
+    correct = sum(1 for r in judged if r["outcome"]["correct"])
+    mean = lambda key: sum(float(r[key]) for r in recs) / n  # noqa: E731
+    lookups = sum(r["cache_hits"] + r["retrieval_calls"] + r["rerank_calls"] for r in recs)
+    judged_cost = sum(float(r["cost_usd"]) for r in judged)
+    durations = [float(r["duration_ms"]) for r in recs]
+    return Row(
+        group=name, tasks=n, judged=len(judged), correct=correct,
+        accuracy=correct / len(judged) if judged else None,
+        steps=mean("steps"), retrieval_calls=mean("retrieval_calls"), rerank_calls=mean("rerank_calls"),
+        context_tokens=mean("context_tokens"), cost_usd=mean("cost_usd"),
+        total_cost_usd=sum(float(r["cost_usd"]) for r in recs),
+        cost_per_correct_usd=judged_cost / correct if correct else None,
+        exhaustion_rate=sum(1 for r in recs if r.get("exhausted")) / n,
+        cache_hit_rate=sum(r["cache_hits"] for r in recs) / lookups if lookups else None,
+        latency_p50_ms=percentile(durations, 50), latency_p95_ms=percentile(durations, 95),
+    )
+
+
+_COLUMNS = (
+    ("group", "group", "s"), ("tasks", "tasks", "d"), ("correct", "correct", "d"),
+    ("accuracy", "accuracy", "%"), ("steps", "steps/task", ".1f"),
+    ("retrieval_calls", "retrievals/task", ".2f"), ("rerank_calls", "reranks/task", ".2f"),
+    ("context_tokens", "ctx tokens/task", ".0f"), ("cost_usd", "cost/task", "$"),
+    ("cost_per_correct_usd", "cost/correct", "$"), ("exhaustion_rate", "exhausted", "%"),
+    ("cache_hit_rate", "cache hits", "%"), ("latency_p50_ms", "p50 ms", ".0f"),
+    ("latency_p95_ms", "p95 ms", ".0f"),
+)
+
+
+def _cell(value: Any, fmt: str) -> str:
+    if value is None:
+        return "-"
+    if fmt == "%":
+        return f"{value * 100:.1f}%"
+    if fmt == "$":
+        return f"${value:.5f}" if value < 0.1 else f"${value:.3f}"
+    return format(value, fmt)
+
+
+def format_rows(rows: Sequence[Row], fmt: str = "table", by: str = "profile") -> str:
+    """`table` (aligned text), `json` (a list of objects) or `csv` (raw numbers)."""
+    if fmt == "json":
+        return orjson.dumps([r.as_dict() | {"by": by} for r in rows], option=orjson.OPT_INDENT_2).decode()
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=["by", *Row.__dataclass_fields__], lineterminator="\n")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({"by": by, **r.as_dict()})
+        return buf.getvalue()
+    if fmt != "table":
+        raise ReportError(f"unknown format {fmt!r}; expected table, json or csv")
+    header = [by if key == "group" else title for key, title, _ in _COLUMNS]
+    body = [[_cell(getattr(r, key), f) for key, _, f in _COLUMNS] for r in rows]
+    return render_table(header, body)
+
+
+def render_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *body)]
+    line = lambda cells: "  ".join(  # noqa: E731
+        str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+    ).rstrip()
+    return "\n".join([line(header), line(["-" * w for w in widths]), *(line(b) for b in body)]) + "\n"
+
+
+# ---- recommendations (pure) ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    dimension: str
+    limit: float
+    observed: float  # the percentile of what the basis tasks used
+    cut: int  # past tasks of the profile that used more than `limit`
+    cut_correct: int  # ... of which were answered correctly
+
+
+@dataclass(frozen=True)
+class ProfileAdvice:
+    profile: str
+    tasks: int
+    basis: int  # tasks the percentile was taken over
+    basis_label: str  # "correct" or "not exhausted" (no outcomes posted)
+    suggestions: tuple[Suggestion, ...]
+    cut_any: int  # past tasks at least one suggestion would have cut
+
+
+def recommend(records: Iterable[Mapping[str, Any]], percentile_: float = 95, headroom: float = 1.2) -> list[ProfileAdvice]:
+    """Per profile: `percentile_` of what correctly answered tasks used, times `headroom`.
+
+    Without any posted outcome for a profile, tasks that did not exhaust a budget are the basis
+    (said so in the label). A dimension nobody used (all zero) gets no suggestion.
+    """
+    if not 0 < percentile_ <= 100:
+        raise ReportError(f"percentile {percentile_!r} must be in (0, 100]")
+    if headroom < 1:
+        raise ReportError(f"headroom {headroom!r} must be >= 1 (a limit below what correct tasks used cuts them)")
+    by_profile: dict[str, list[Mapping[str, Any]]] = {}
+    for rec in records:
+        by_profile.setdefault(str(rec.get("profile") or "-"), []).append(rec)
+    advice = []
+    for name in sorted(by_profile):
+        recs = by_profile[name]
+        basis = [r for r in recs if r.get("outcome") is not None and r["outcome"]["correct"]]
+        label = "correct"
+        if not any(r.get("outcome") is not None for r in recs):
+            basis, label = [r for r in recs if not r.get("exhausted")], "not exhausted"
+        suggestions = []
+        over: set[str] = set()
+        for key, dim in DIMENSION_OF.items():
+            used = [float(r[key]) for r in basis]
+            observed = percentile(used, percentile_)
+            if observed <= 0:
+                continue
+            limit = _round_up(observed * headroom, dim)
+            cut = [r for r in recs if float(r[key]) > limit]
+            over.update(str(r["task_id"]) for r in cut)
+            suggestions.append(Suggestion(dim, limit, observed, len(cut),
+                                          sum(1 for r in cut if (r.get("outcome") or {}).get("correct"))))
+        advice.append(ProfileAdvice(name, len(recs), len(basis), label, tuple(suggestions), len(over)))
+    return advice
+
+
+def _round_up(value: float, dim: str) -> float:
+    if dim == "max_cost_usd":
+        digits = max(0, 3 - int(math.floor(math.log10(value)))) if value > 0 else 4
+        return math.ceil(value * 10**digits) / 10**digits
+    return float(math.ceil(value - 1e-9))
+
+
+def format_advice(advice: Sequence[ProfileAdvice], percentile_: float, headroom: float) -> str:
+    """A YAML snippet for `budgets.profiles`, each limit commented with what it would have cut."""
+    lines = [f"# ragtoll recommend: p{percentile_:g} of what tasks used x {headroom:g} headroom",
+             "budgets:", "  profiles:"]
+    for a in advice:
+        lines.append(f"    {_yaml_key(a.profile)}:  # {a.tasks} tasks observed, basis: {a.basis} {a.basis_label}; "
+                     f"these limits would have cut {a.cut_any}")
+        if not a.suggestions:
+            lines.append("      {}  # no basis tasks: keep the current limits")
+        for s in a.suggestions:
+            value = f"{s.limit:g}" if s.dimension == "max_cost_usd" else f"{int(s.limit)}"
+            lines.append(f"      {s.dimension}: {value}".ljust(36)
+                         + f"# p{percentile_:g}={s.observed:.4g}; would have cut {s.cut} ({s.cut_correct} correct)")
+    return "\n".join(lines) + "\n"
+
+
+def _yaml_key(name: str) -> str:
+    return name if name.replace("_", "").replace("-", "").isalnum() else orjson.dumps(name).decode()

@@ -1,0 +1,157 @@
+"""`ragtoll report` and `ragtoll recommend` over fixture task records, from a file and a real Redis Stream."""
+
+from __future__ import annotations
+
+import csv
+import io
+import pathlib
+
+import orjson
+import pytest
+import redis
+
+from ragtoll.proxy import report, report_plot
+from ragtoll.proxy.cli import main
+
+FIXTURE = pathlib.Path(__file__).parent.parent / "fixtures" / "task_records.jsonl"
+
+
+@pytest.fixture
+def records() -> list[dict[str, object]]:
+    return report.read_jsonl(str(FIXTURE))
+
+
+def _row(rows: list[report.Row], group: str) -> report.Row:
+    return next(r for r in rows if r.group == group)
+
+
+def test_table_by_profile_counts_outcomes_cost_and_exhaustion(records: list[dict[str, object]]) -> None:
+    rows = report.summarize(records, "profile")
+    assert [r.group for r in rows] == ["bounded", "tight", "all"]
+    tight = _row(rows, "tight")
+    assert (tight.tasks, tight.judged, tight.correct) == (6, 5, 3)  # t6 has no outcome posted
+    assert tight.accuracy == pytest.approx(0.6)
+    assert tight.retrieval_calls == pytest.approx(14 / 6)
+    # cost per correct answer: cost of the judged tasks over their correct answers
+    assert tight.cost_per_correct_usd == pytest.approx((0.001 + 0.0012 + 0.0008 + 0.004 + 0.01) / 3)
+    assert tight.exhaustion_rate == pytest.approx(1 / 6)
+    assert tight.cache_hit_rate == pytest.approx(2 / (2 + 14 + 8))
+    assert tight.latency_p50_ms == pytest.approx(175)
+    everything = _row(rows, "all")
+    assert (everything.tasks, everything.correct, everything.judged) == (10, 5, 9)
+    assert everything.exhaustion_rate == pytest.approx(0.2)
+
+
+def test_table_by_class_and_route(records: list[dict[str, object]]) -> None:
+    by_class = report.summarize(records, "class")
+    assert [r.group for r in by_class] == ["multi_hop", "procedural", "simple_fact", "all"]
+    assert _row(by_class, "procedural").accuracy == 1.0
+    by_route = report.summarize(records, "route")
+    assert [r.group for r in by_route] == ["openai", "all"]
+
+
+def test_percentile_interpolates_like_numpy() -> None:
+    assert report.percentile([1, 2, 3], 95) == pytest.approx(2.9)
+    assert report.percentile([5], 50) == 5
+    assert report.percentile([], 95) == 0
+
+
+def test_formats_json_csv_table_agree(records: list[dict[str, object]]) -> None:
+    rows = report.summarize(records, "profile")
+    as_json = orjson.loads(report.format_rows(rows, "json", "profile"))
+    assert as_json[1]["group"] == "tight" and as_json[1]["correct"] == 3 and as_json[1]["by"] == "profile"
+    as_csv = list(csv.DictReader(io.StringIO(report.format_rows(rows, "csv", "profile"))))
+    assert float(as_csv[1]["cost_usd"]) == pytest.approx(as_json[1]["cost_usd"])
+    table = report.format_rows(rows, "table", "profile").splitlines()
+    assert table[0].split()[:4] == ["profile", "tasks", "correct", "accuracy"]
+    assert table[3].split()[:4] == ["tight", "6", "3", "60.0%"]
+    with pytest.raises(report.ReportError, match="xml"):
+        report.format_rows(rows, "xml")
+
+
+def test_recommend_takes_the_percentile_of_correct_tasks_with_headroom(records: list[dict[str, object]]) -> None:
+    advice = {a.profile: a for a in report.recommend(records, 95, 1.2)}
+    tight = advice["tight"]
+    assert (tight.tasks, tight.basis, tight.basis_label) == (6, 3, "correct")
+    by_dim = {s.dimension: s for s in tight.suggestions}
+    # correct tasks used 1, 2, 3 retrieval calls: p95 = 2.9, x1.2 = 3.48, rounded up to 4
+    assert by_dim["max_retrieval_calls"].observed == pytest.approx(2.9)
+    assert by_dim["max_retrieval_calls"].limit == 4
+    assert (by_dim["max_retrieval_calls"].cut, by_dim["max_retrieval_calls"].cut_correct) == (1, 0)  # t5
+    assert by_dim["max_cost_usd"].limit >= 0.00372 * 1.2
+    assert tight.cut_any == 1
+    # a tighter rule cuts correct tasks too, and says so
+    strict = {s.dimension: s for s in report.recommend(records, 50, 1.0)[1].suggestions}
+    assert strict["max_retrieval_calls"].limit == 2
+    assert (strict["max_retrieval_calls"].cut, strict["max_retrieval_calls"].cut_correct) == (2, 1)
+
+
+def test_recommend_without_outcomes_uses_tasks_that_did_not_exhaust(records: list[dict[str, object]]) -> None:
+    unjudged = [dict(r, outcome=None) for r in records if r["profile"] == "bounded"]
+    (advice,) = report.recommend(unjudged)
+    assert (advice.basis, advice.basis_label) == (3, "not exhausted")
+
+
+def test_recommend_snippet_is_yaml_config(records: list[dict[str, object]]) -> None:
+    import yaml
+
+    from ragtoll.proxy import config
+
+    snippet = report.format_advice(report.recommend(records), 95, 1.2)
+    parsed = yaml.safe_load(snippet)
+    assert parsed["budgets"]["profiles"]["tight"]["max_retrieval_calls"] == 4
+    parsed["budgets"]["default_profile"] = "tight"
+    settings = config.parse(parsed)  # pastes straight into a config file
+    assert settings.budgets.profiles["bounded"].max_steps == 6
+
+
+def test_bad_records_name_the_line(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"task_id": "a", "cost_usd": 0.1}\n\n{"task_id": "b", "steps": "many"}\n')
+    with pytest.raises(report.ReportError, match=r"bad.jsonl:3: field 'steps'"):
+        report.read_jsonl(str(path))
+    path.write_text("{not json\n")
+    with pytest.raises(report.ReportError, match="bad.jsonl:1: not JSON"):
+        report.read_jsonl(str(path))
+    with pytest.raises(report.ReportError, match="cannot read"):
+        report.read_jsonl(str(tmp_path / "missing.jsonl"))
+
+
+def test_cli_report_writes_table_and_plot(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    plot = tmp_path / "report.html"
+    assert main(["report", str(FIXTURE), "--by", "class", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].startswith("class")
+    page = plot.read_text()
+    assert page.startswith("<!doctype html>") and page.count("<svg") == 2 and "<script" not in page
+    assert "max_retrieval_calls" in page and "b4" in page
+    svg = tmp_path / "report.svg"
+    assert main(["report", str(FIXTURE), "--format", "csv", "--plot", str(svg)]) == 0
+    assert svg.read_text().startswith("<svg") and svg.stat().st_size > 1000
+
+
+def test_cli_errors_are_one_line_exit_2(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path / "nope.jsonl")]) == 2
+    assert "cannot read task records" in capsys.readouterr().err
+    assert main(["recommend", str(FIXTURE), "--headroom", "0.5"]) == 2
+    assert "headroom" in capsys.readouterr().err
+    with pytest.raises(report.ReportError, match="no task records"):
+        report_plot.render([], "profile", "html")
+
+
+def test_report_and_recommend_from_redis_stream(redis_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    client = redis.Redis.from_url(redis_url)
+    key = "ragtoll:test-report:tasks"
+    client.delete(key)
+    lines = FIXTURE.read_text().splitlines()
+    for line in lines[:5]:  # one JSON field per entry
+        client.xadd(key, {"record": line})
+    for line in lines[5:]:  # flat fields, each JSON-encoded
+        client.xadd(key, {k: orjson.dumps(v) for k, v in orjson.loads(line).items()})
+    client.close()
+    assert report.read_stream(redis_url, key, batch=3) == report.read_jsonl(str(FIXTURE))
+    assert main(["report", "--redis-url", redis_url, "--stream", key, "--format", "json"]) == 0
+    rows = orjson.loads(capsys.readouterr().out)
+    assert rows[-1]["tasks"] == 10
+    assert main(["recommend", "--redis-url", redis_url, "--stream", key, "--percentile", "90"]) == 0
+    assert "max_retrieval_calls" in capsys.readouterr().out

@@ -61,6 +61,8 @@ class Call:
     documents: int | None = None  # rerank: candidate count
     inputs: int | None = None  # embeddings: input count
     parse_error: str | None = None
+    query_key: str | None = None  # retrieval: unique-intent key (queries.query_key: route, text/vector, filters)
+    choices: int = 1  # n > 1 asks for several completions; max_output_tokens already covers all of them
 
 
 @dataclass(frozen=True, slots=True)

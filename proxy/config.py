@@ -146,6 +146,9 @@ class BudgetsConfig:
     default_max_output_tokens: int = 1024
     hmac_key_env: str = "RAGTOLL_BUDGET_HMAC_KEY"
     hmac_key_file: str | None = None
+    task_ttl_s: int = 86_400  # TTL of every store key of a task, refreshed on each call
+    records_file: str = "ragtoll-tasks.jsonl"  # task records sink (JSONL) unless the store is Redis
+    records_stream: str = "ragtoll:records"  # task records sink (Redis Stream) when the store is Redis
 
 
 @dataclass(frozen=True)
@@ -295,6 +298,8 @@ def validate(settings: Settings) -> None:
                 _bad(f"budgets.profiles.{name}.{dim}", value, "a number >= 0 (omit the key for no limit)")
     if not 400 <= b.reject_status <= 599:
         _bad("budgets.reject_status", b.reject_status, "an HTTP error status between 400 and 599")
+    if b.task_ttl_s < 60:
+        _bad("budgets.task_ttl_s", b.task_ttl_s, "at least 60 seconds")
     if not 0 < b.warn_fraction <= 1:
         _bad("budgets.warn_fraction", b.warn_fraction, "a fraction in (0, 1]")
     if not re.match(r"^(memory|redis://|rediss://|redis\+cluster://|unix://)", settings.store):

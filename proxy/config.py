@@ -165,6 +165,23 @@ class CacheConfig:
     ttl_s: int = 3600
     embedder: str = "none"
     acl_public: str = "public"
+    # semantic tier: candidates at or above `similarity` are verified before any is served
+    similarity: float = 0.8
+    candidates: int = 3
+    embedder_model: str | None = None  # the `model` sent to an upstream:<route> embedder
+    max_entries: int = 50_000  # memory store bounds (LRU eviction)
+    max_bytes: int = 256 * 1024 * 1024
+    max_partition_entries: int = 5_000  # vectors scanned per partition (Redis trims the oldest)
+    max_body_bytes: int = 1024 * 1024  # larger responses are not cached
+    exact_embeddings: bool = True  # exact caches of embeddings and rerank responses
+    sources: dict[str, str] = field(default_factory=dict)  # static source versions by route name
+    version_field: str | None = None  # top-level response field holding the source version
+    authz_url: str | None = None  # external check: POST {principal, chunk_ids} -> {allowed: [...]}
+    authz_ttl_s: float = 30.0
+    authz_timeout_s: float = 0.5
+    audit_fraction: float = 0.0  # share of semantic hits re-run upstream off the request path
+    audit_target: float = 0.95  # agreement below this raises the partition's threshold
+    audit_step: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -175,12 +192,15 @@ class JwtConfig:
     audience: str | None = None
     issuer: str | None = None
     groups_claim: str = "groups"
+    tenant_claim: str = "tenant"
+    leeway_s: float = 0.0
 
 
 @dataclass(frozen=True)
 class HeaderIdentityConfig:
     subject: str = "x-auth-subject"
     groups: str = "x-auth-groups"
+    tenant: str = "x-auth-tenant"
 
 
 @dataclass(frozen=True)

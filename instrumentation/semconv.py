@@ -43,6 +43,7 @@ BUDGET_EXCEEDED = "ragtoll.budget.exceeded"
 BUDGET_EXCEEDED_DIMENSION = "ragtoll.budget.exceeded.dimension"
 BUDGET_WOULD_REJECT = "ragtoll.budget.would_reject"
 BUDGET_STREAM_CUT = "ragtoll.budget.stream_cut"
+BUDGET_NOTES = "ragtoll.budget.notes"  # why budget baggage or a profile request was ignored
 
 
 def budget_limit(dimension: str) -> str:
@@ -67,6 +68,7 @@ CACHE_TIER = "ragtoll.cache.tier"
 CACHE_SIMILARITY = "ragtoll.cache.similarity"
 CACHE_REASON = "ragtoll.cache.reason"
 EVIDENCE_NEW_CHUNKS = "ragtoll.evidence.new_chunks"
+EVIDENCE_STALLED = "ragtoll.evidence.stalled_retrievals"  # consecutive retrievals with no new chunk
 EVIDENCE_DUPLICATE_TOKENS = "ragtoll.evidence.duplicate_tokens"
 QUERY_NEW = "ragtoll.query.new"
 PARSE_ERROR = "ragtoll.parse_error"

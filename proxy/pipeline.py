@@ -21,14 +21,14 @@ from typing import Any, Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from ragtoll.instrumentation import semconv as sc
 
-from ..instrumentation import semconv as sc
 from .config import Settings, Timeouts
 from .errors import BodyTooLarge, RagtollError, Rejected, render
 from .model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, Call, Observation, TaskRef
 from .routing import Route, Router
 from .stages.identify import Identifier, derived_span_id, parse_traceparent
-from .upstream import UpstreamClient, UpstreamResponse
+from .upstream import UpstreamClient
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

@@ -17,7 +17,7 @@ from opentelemetry.instrumentation.httpx import AsyncOpenTelemetryTransportHttpx
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
-from .config import Settings, Timeouts, UpstreamConfig
+from .config import Timeouts, UpstreamConfig
 from .errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 # Trace context leaves ragtoll only toward trusted upstreams; baggage never toward others.

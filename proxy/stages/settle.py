@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...instrumentation import semconv as sc
+from ragtoll.instrumentation import semconv as sc
+
 from ..config import Settings
 from ..pipeline import Exchange, Reply
 

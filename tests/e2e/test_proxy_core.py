@@ -10,7 +10,6 @@ import httpx
 import openai
 import orjson
 import pytest
-
 from conftest import ProxyFactory, Telemetry, Upstream
 
 
@@ -89,10 +88,9 @@ def test_cookies_from_one_call_never_reach_another(proxy: ProxyFactory) -> None:
 
 
 def test_compressed_body_passes_untouched(proxy: ProxyFactory, telemetry: Telemetry) -> None:
-    with proxy() as base, httpx.Client() as http:
-        with http.stream("GET", f"{base}/openai/gzip") as resp:
-            raw = b"".join(resp.iter_raw())
-            assert resp.headers["content-encoding"] == "gzip"
+    with proxy() as base, httpx.Client() as http, http.stream("GET", f"{base}/openai/gzip") as resp:
+        raw = b"".join(resp.iter_raw())
+        assert resp.headers["content-encoding"] == "gzip"
     assert raw[:2] == b"\x1f\x8b"
 
 

@@ -7,11 +7,10 @@ import time
 
 import httpx
 import openai
+from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import SpanKind
-
-from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
 from ragtoll.instrumentation import setup
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
@@ -121,7 +120,7 @@ def test_no_exporter_configured_exports_nothing_and_errors_nothing() -> None:
     tp = setup.tracer_provider(env)
     assert isinstance(tp, TracerProvider)
     assert not any(isinstance(p, BatchSpanProcessor)
-                   for p in tp._active_span_processor._span_processors)  # noqa: SLF001
+                   for p in tp._active_span_processor._span_processors)
     grpc = setup.span_exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
                                 "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
     assert type(grpc).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")

@@ -277,7 +277,7 @@ def post_instrument() -> None:
         return
     try:
         install()
-    except Exception:  # failsafe: the agent runs without ragtoll's context rather than not at all
+    except Exception:  # noqa: BLE001 - failsafe: the agent runs without ragtoll's context rather than not at all
         _log.exception("ragtoll: agent hook failed; calls go out without ragtoll task context")
 
 
@@ -312,7 +312,7 @@ def _root_name() -> str:
 def _virtual_root(task_id: str) -> SpanContext:
     # the ids proxy/pipeline.py parents a named task's calls on; one definition, imported lazily
     # because the agent side otherwise needs nothing from the proxy
-    from ragtoll.proxy.stages.identify import derived_span_id, derived_trace_id
+    from ..proxy.stages.identify import derived_span_id, derived_trace_id
 
     return SpanContext(derived_trace_id(task_id), derived_span_id(task_id), is_remote=True,
                        trace_flags=TraceFlags(TraceFlags.SAMPLED))

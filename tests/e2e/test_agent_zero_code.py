@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.trace import SpanKind
-
 from conftest import ProxyFactory, Telemetry, Upstream
+from opentelemetry.trace import SpanKind
 from ragtoll.proxy.stages.identify import derived_span_id, derived_trace_id
 from support.otlp import OtlpReceiver
 from support.servers import serve_in_thread
@@ -87,7 +86,7 @@ def test_agent_under_opentelemetry_instrument_is_one_task_with_env_budget(
     # one trace: the process root's; the task id is that trace id (as a traceparent task would be)
     assert {f"{s.context.trace_id:032x}" for s in telemetry.spans()} == {task_id}
     # the profile and limit from env reached the proxy (the trusted upstream sees what arrived)
-    echo = [r for r in upstream.app.state.requests if r["path"] == "/echo"][0]
+    echo = next(r for r in upstream.app.state.requests if r["path"] == "/echo")
     members = dict(m.split("=", 1) for m in echo["headers"]["baggage"].split(","))
     assert members["ragtoll.budget.profile"] == "tight"
     assert members["ragtoll.budget.max_steps"] == "4"
@@ -156,6 +155,6 @@ def test_bad_env_values_are_reported_and_the_agent_still_runs(
     assert set(run.tasks.values()) == {"ticket-9"}
     assert "RAGTOLL_BUDGET_MAX_STEPZ ignored: not a budget dimension" in run.stderr
     assert "RAGTOLL_BUDGET_MAX_CALLS='lots' ignored: expected an integer >= 0" in run.stderr
-    echo = [r for r in upstream.app.state.requests if r["path"] == "/echo"][0]
+    echo = next(r for r in upstream.app.state.requests if r["path"] == "/echo")
     assert echo["headers"]["baggage"] == "ragtoll.task.id=ticket-9"
     assert "never-sent" not in json.dumps(upstream.app.state.requests, default=str)

@@ -6,7 +6,8 @@ never raise on malformed input: they record `parse_error` and let the bytes thro
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import struct
+from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol
 
 import orjson
@@ -133,3 +134,56 @@ def json_body(body: bytes) -> tuple[dict[str, object] | None, str | None]:
     if not isinstance(doc, dict):
         return None, "request JSON is not an object"
     return doc, None
+
+
+class JsonStreamObserver:
+    """Reads an SSE stream of JSON events as they pass; subclasses implement `on_event`.
+
+    Counts streamed output text into `observation.output_tokens_seen` (via `saw_output`) with the
+    call's model encoding, so a budget stage can cut the stream when a limit is reached.
+    """
+
+    def __init__(self, encoding: str) -> None:
+        self.observation = Observation()
+        self._sse = SseReader()
+        self._encoding = encoding
+
+    def feed(self, chunk: bytes, end: bool) -> None:
+        obs = self.observation
+        for event, data in self._sse.events(chunk):
+            if data == "[DONE]":
+                continue
+            try:
+                doc = orjson.loads(data)
+            except orjson.JSONDecodeError as exc:
+                obs.parse_error = f"unreadable stream event: {exc}"
+                continue
+            if not isinstance(doc, dict):
+                continue
+            try:
+                self.on_event(event, doc)
+            except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+                obs.parse_error = f"unexpected stream event shape: {exc!r}"
+        if end:
+            self.on_end()
+
+    def saw_output(self, text: object) -> None:
+        if isinstance(text, str) and text:
+            from .. import tokens  # late: keeps base importable without building an encoding
+
+            self.observation.output_tokens_seen += tokens.count(text, self._encoding)
+
+    def on_event(self, event: str, doc: dict[str, object]) -> None:
+        """One parsed event. Subclasses override."""
+
+    def on_end(self) -> None:
+        """The stream ended. Subclasses may override."""
+
+
+def safe_parse(call: Call, read: Callable[[dict[str, object], Call], None], doc: dict[str, object]) -> Call:
+    """Run an adapter's body reader; a shape it did not expect becomes `call.parse_error`."""
+    try:
+        read(doc, call)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError, struct.error) as exc:
+        call.parse_error = f"unexpected request shape: {exc!r}"
+    return call

@@ -1,7 +1,8 @@
 """`openai`: the OpenAI HTTP API (and the many servers that speak it: vLLM, Ollama, LiteLLM, ...).
 
-Dispatches on the path suffix: `/chat/completions` today; other endpoints are read as `other`.
-Streams are read event by event as they pass; nothing is held back.
+Dispatches on the path suffix: `/chat/completions`, `/completions` (legacy), `/responses`,
+`/embeddings`; anything else is `other`. Prompt tokens are counted from the request with the
+model's encoding; streams are read event by event as they pass, nothing is held back.
 """
 
 from __future__ import annotations
@@ -9,11 +10,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
+from .. import tokens
 from ..config import UpstreamConfig
 from ..model import Call, Observation, Usage
-from .base import BufferedJsonObserver, NullObserver, SseReader, json_body
+from .base import BufferedJsonObserver, JsonStreamObserver, NullObserver, Observer, json_body, safe_parse
+from .fields import as_int, as_str, json_text
+
+_ENDPOINTS = (
+    ("/chat/completions", "chat"),
+    ("/completions", "text_completion"),
+    ("/responses", "responses"),
+    ("/embeddings", "embeddings"),
+)
+# Responses API status -> the finish reason the chat API would have given
+_STATUS_FINISH = {"completed": "stop", "failed": "error", "cancelled": "cancelled"}
+_INCOMPLETE_FINISH = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+def endpoint(method: str, path: str) -> str | None:
+    if method != "POST":
+        return None
+    path = path.rstrip("/")
+    for suffix, kind in _ENDPOINTS:
+        if path.endswith(suffix):
+            return kind
+    return None
 
 
 class OpenAIAdapter:
@@ -25,70 +46,262 @@ class OpenAIAdapter:
         self.upstream = upstream
 
     def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call:
-        if method != "POST" or not path.endswith("/chat/completions"):
+        kind = endpoint(method, path)
+        if kind is None:
             return Call(operation="other")
         doc, error = json_body(body)
-        call = Call(operation="chat", parse_error=error)
+        call = Call(operation="chat" if kind == "responses" else kind, parse_error=error)
         if doc is None:
             return call
-        model = doc.get("model")
-        call.model = model if isinstance(model, str) else None
-        call.stream = doc.get("stream") is True
-        limit = doc.get("max_completion_tokens", doc.get("max_tokens"))
-        if isinstance(limit, int) and not isinstance(limit, bool):
-            call.max_output_tokens = limit
-        return call
+        return safe_parse(call, _READERS[kind], doc)
 
-    def observer(self, call: Call, status: int, headers: Mapping[str, str]) -> Any:
-        if call.operation != "chat" or status >= 400:
+    def observer(self, call: Call, status: int, headers: Mapping[str, str]) -> Observer:
+        if call.operation == "other" or status >= 400:
             return NullObserver()
-        if "text/event-stream" in headers.get("content-type", ""):
-            return ChatStreamObserver()
-        return ChatObserver()
+        enc, _exact = tokens.encoding_for_model(call.model)
+        stream = "text/event-stream" in headers.get("content-type", "")
+        if call.operation == "embeddings":
+            return EmbeddingsObserver()
+        # one observer each for streamed and whole bodies: chat, completions and Responses bodies
+        # are told apart by their own shape, so no endpoint flag has to travel on the Call
+        return ChatStreamObserver(enc) if stream else ChatObserver(enc)
 
 
-def _usage(u: Any) -> Usage | None:
+def _common(doc: dict[str, Any], call: Call) -> None:
+    call.model = as_str(doc.get("model"))
+    call.stream = doc.get("stream") is True
+
+
+def _limit(doc: dict[str, Any], call: Call, *keys: str) -> None:
+    n = as_int(doc.get("n"))
+    call.choices = n if n is not None and n > 0 else 1
+    for key in keys:
+        limit = as_int(doc.get(key))
+        if limit is not None:
+            call.max_output_tokens = limit * call.choices
+            return
+
+
+def _parts_text(content: Any, out: list[str]) -> None:
+    """Text of a message content: a string or a list of parts (text / input_text / output_text / refusal)."""
+    if isinstance(content, str):
+        out.append(content)
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, str):
+                out.append(part)
+            elif isinstance(part, dict):
+                text = part.get("text", part.get("refusal"))
+                if isinstance(text, str):
+                    out.append(text)
+
+
+def _tools_text(doc: dict[str, Any], out: list[str]) -> None:
+    for key in ("tools", "functions"):
+        for tool in doc.get(key) or []:
+            if isinstance(tool, dict):
+                out.append(json_text(tool.get("function", tool)))
+    fmt = doc.get("response_format")
+    if isinstance(fmt, dict) and fmt.get("json_schema"):
+        out.append(json_text(fmt["json_schema"]))
+
+
+def _count(call: Call, texts: list[str], messages: int) -> None:
+    call.prompt_texts = texts
+    call.prompt_tokens, call.prompt_estimated = tokens.count_prompt(call.model, texts, messages)
+
+
+def read_chat(doc: dict[str, Any], call: Call) -> None:
+    _common(doc, call)
+    _limit(doc, call, "max_completion_tokens", "max_tokens")
+    texts: list[str] = []
+    messages = 0
+    for m in doc.get("messages") or []:
+        if not isinstance(m, dict):
+            continue
+        messages += 1
+        _parts_text(m.get("content"), texts)
+        for tc in m.get("tool_calls") or []:
+            fn = tc.get("function") if isinstance(tc, dict) else None
+            if isinstance(fn, dict):
+                texts.append(f"{fn.get('name') or ''}{json_text(fn.get('arguments') or '')}")
+        fc = m.get("function_call")
+        if isinstance(fc, dict):
+            texts.append(f"{fc.get('name') or ''}{json_text(fc.get('arguments') or '')}")
+    _tools_text(doc, texts)
+    _count(call, texts, messages)
+
+
+def read_completion(doc: dict[str, Any], call: Call) -> None:
+    _common(doc, call)
+    _limit(doc, call, "max_tokens")
+    if call.max_output_tokens is None:
+        call.max_output_tokens = 16 * call.choices  # the legacy endpoint's documented default
+    _count_inputs(doc.get("prompt"), call)
+
+
+def _count_inputs(value: Any, call: Call) -> int:
+    """Count a string, list of strings, token array or list of token arrays; returns how many inputs."""
+    if isinstance(value, str) or _is_token_array(value):
+        value = [value]
+    items = value if isinstance(value, list) else []
+    _count(call, [x for x in items if isinstance(x, str)], 0)
+    call.prompt_tokens = (call.prompt_tokens or 0) + sum(len(x) for x in items if isinstance(x, list))
+    return len(items)
+
+
+def _is_token_array(v: Any) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(x, int) for x in v)
+
+
+def read_responses(doc: dict[str, Any], call: Call) -> None:
+    _common(doc, call)
+    _limit(doc, call, "max_output_tokens")
+    texts: list[str] = []
+    messages = 0
+    if isinstance(doc.get("instructions"), str):
+        texts.append(doc["instructions"])
+        messages += 1
+    inp = doc.get("input")
+    if isinstance(inp, str):
+        texts.append(inp)
+        messages += 1
+    for item in inp if isinstance(inp, list) else []:
+        if not isinstance(item, dict):
+            continue
+        kind = item.get("type", "message")
+        if kind == "message" or "role" in item:
+            messages += 1
+            _parts_text(item.get("content"), texts)
+        elif kind == "function_call":
+            texts.append(f"{item.get('name') or ''}{json_text(item.get('arguments') or '')}")
+        elif kind == "function_call_output":
+            texts.append(json_text(item.get("output") or ""))
+        elif kind == "reasoning":
+            _parts_text(item.get("summary"), texts)
+    _tools_text(doc, texts)
+    fmt = (doc.get("text") or {}).get("format") if isinstance(doc.get("text"), dict) else None
+    if isinstance(fmt, dict) and fmt.get("schema"):
+        texts.append(json_text(fmt["schema"]))
+    _count(call, texts, messages)
+
+
+def read_embeddings(doc: dict[str, Any], call: Call) -> None:
+    _common(doc, call)
+    call.inputs = _count_inputs(doc.get("input"), call)
+
+
+_READERS = {"chat": read_chat, "text_completion": read_completion, "responses": read_responses,
+            "embeddings": read_embeddings}
+
+
+def usage(u: Any) -> Usage | None:
+    """Chat / completions / embeddings usage (prompt_tokens...) or Responses usage (input_tokens...)."""
     if not isinstance(u, dict):
         return None
-    prompt_details = u.get("prompt_tokens_details") or {}
-    completion_details = u.get("completion_tokens_details") or {}
+    pd = u.get("prompt_tokens_details") or u.get("input_tokens_details") or {}
+    cd = u.get("completion_tokens_details") or u.get("output_tokens_details") or {}
+    inp = u.get("prompt_tokens", u.get("input_tokens"))
+    out = u.get("completion_tokens", u.get("output_tokens"))
     return Usage(
-        input_tokens=u.get("prompt_tokens"),
-        output_tokens=u.get("completion_tokens"),
-        cached_input_tokens=prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else None,
-        reasoning_tokens=completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else None,
+        input_tokens=as_int(inp),
+        output_tokens=as_int(out),
+        cached_input_tokens=as_int(pd.get("cached_tokens")) if isinstance(pd, dict) else None,
+        reasoning_tokens=as_int(cd.get("reasoning_tokens")) if isinstance(cd, dict) else None,
     )
 
 
+def _read_response(obs: Observation, r: Any) -> None:
+    obs.response_model = as_str(r.get("model")) or obs.response_model
+    if r.get("usage"):
+        obs.usage = usage(r["usage"])
+    status = r.get("status")
+    reason = (r.get("incomplete_details") or {}).get("reason")
+    if status == "incomplete":
+        obs.finish_reasons = [_INCOMPLETE_FINISH.get(reason, reason or "incomplete")]
+    elif status in _STATUS_FINISH:
+        called = any(isinstance(o, dict) and o.get("type") == "function_call" for o in r.get("output") or [])
+        obs.finish_reasons = ["tool_calls" if called and status == "completed" else _STATUS_FINISH[status]]
+
+
 class ChatObserver(BufferedJsonObserver):
+    """Non-streamed chat, legacy completion or Responses API body."""
+
+    def __init__(self, encoding: str) -> None:
+        super().__init__()
+        self._encoding = encoding
+
     def read(self, doc: Any) -> None:
+        if doc.get("object") == "response":
+            return self._read_responses(doc)
         obs = self.observation
-        obs.response_model = doc.get("model")
-        obs.usage = _usage(doc.get("usage"))
-        obs.finish_reasons = [c.get("finish_reason") for c in doc.get("choices") or [] if c.get("finish_reason")]
+        obs.response_model = as_str(doc.get("model"))
+        obs.usage = usage(doc.get("usage"))
+        texts: list[str] = []
+        for c in doc.get("choices") or []:
+            if c.get("finish_reason"):
+                obs.finish_reasons.append(c["finish_reason"])
+            msg = c.get("message") or {}
+            _parts_text(msg.get("content"), texts)
+            if isinstance(c.get("text"), str):
+                texts.append(c["text"])
+            for tc in msg.get("tool_calls") or []:
+                texts.append(json_text((tc.get("function") or {}).get("arguments") or ""))
+        if obs.usage is None or obs.usage.output_tokens is None:  # counted only when usage is missing
+            obs.output_tokens_seen = tokens.count_many(texts, self._encoding)
+
+    def _read_responses(self, doc: Any) -> None:
+        _read_response(self.observation, doc)
+        u = self.observation.usage
+        if u is None or u.output_tokens is None:
+            texts: list[str] = []
+            for item in doc.get("output") or []:
+                _parts_text(item.get("content"), texts)
+                if isinstance(item.get("arguments"), str):
+                    texts.append(item["arguments"])
+            self.observation.output_tokens_seen = tokens.count_many(texts, self._encoding)
 
 
-class ChatStreamObserver:
-    """Reads `chat.completion.chunk` events; usage arrives in the last chunk when requested."""
+class ChatStreamObserver(JsonStreamObserver):
+    """`chat.completion.chunk` (or legacy `text_completion`) events - usage arrives in the last one
+    when `stream_options.include_usage` asked for it - or Responses API semantic events."""
 
-    def __init__(self) -> None:
-        self.observation = Observation()
-        self._sse = SseReader()
+    _DELTAS = frozenset({"response.output_text.delta", "response.function_call_arguments.delta",
+                         "response.reasoning_summary_text.delta", "response.refusal.delta",
+                         "response.reasoning_text.delta"})
+    _FINAL = frozenset({"response.completed", "response.incomplete", "response.failed", "response.created",
+                        "response.in_progress"})
 
-    def feed(self, chunk: bytes, end: bool) -> None:
+    def on_event(self, event: str, doc: dict[str, Any]) -> None:
+        kind = doc.get("type")
+        if isinstance(kind, str) and (kind.startswith("response.") or kind == "error"):
+            return self._on_responses_event(kind, doc)
         obs = self.observation
-        for _event, data in self._sse.events(chunk):
-            if data == "[DONE]":
-                continue
-            try:
-                doc = orjson.loads(data)
-                if not isinstance(doc, dict):
-                    continue
-                obs.response_model = doc.get("model") or obs.response_model
-                if doc.get("usage"):
-                    obs.usage = _usage(doc["usage"])
-                for choice in doc.get("choices") or []:
-                    if choice.get("finish_reason"):
-                        obs.finish_reasons.append(choice["finish_reason"])
-            except (orjson.JSONDecodeError, AttributeError, TypeError) as exc:
-                obs.parse_error = f"unreadable stream event: {exc!r}"
+        obs.response_model = as_str(doc.get("model")) or obs.response_model
+        if doc.get("usage"):
+            obs.usage = usage(doc["usage"])
+        for choice in doc.get("choices") or []:
+            delta = choice.get("delta") or {}
+            self.saw_output(delta.get("content"))
+            self.saw_output(delta.get("reasoning_content"))  # vLLM / DeepSeek reasoning stream
+            self.saw_output(choice.get("text"))
+            for tc in delta.get("tool_calls") or []:
+                fn = tc.get("function") or {}
+                self.saw_output(fn.get("name"))
+                self.saw_output(fn.get("arguments"))
+            if choice.get("finish_reason"):
+                obs.finish_reasons.append(choice["finish_reason"])
+
+    def _on_responses_event(self, kind: str, doc: dict[str, Any]) -> None:
+        if kind in self._DELTAS:
+            self.saw_output(doc.get("delta"))
+        elif kind in self._FINAL and isinstance(doc.get("response"), dict):
+            _read_response(self.observation, doc["response"])
+        elif kind == "error":
+            self.observation.finish_reasons = ["error"]
+
+
+class EmbeddingsObserver(BufferedJsonObserver):
+    def read(self, doc: Any) -> None:
+        self.observation.response_model = as_str(doc.get("model"))
+        self.observation.usage = usage(doc.get("usage"))

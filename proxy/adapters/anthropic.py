@@ -1,0 +1,146 @@
+"""`anthropic`: the Anthropic Messages API (`POST /v1/messages`), streamed and not.
+
+Claude's tokenizer is not public, so prompt tokens are an o200k estimate marked estimated; the
+response's usage settles the truth. Usage maps to the OpenAI meaning: `input_tokens` counts the
+whole prompt (uncached + cache reads + cache writes), `cached_input_tokens` the cache reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import tokens
+from ..config import UpstreamConfig
+from ..model import Call, Observation, Usage
+from .base import BufferedJsonObserver, JsonStreamObserver, NullObserver, Observer, json_body, safe_parse
+from .fields import as_int, as_str, json_text
+
+
+class AnthropicAdapter:
+    name = "anthropic"
+    error_style = "anthropic"
+    reads_body = True
+
+    def __init__(self, upstream: UpstreamConfig) -> None:
+        self.upstream = upstream
+
+    def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call:
+        if method != "POST" or not path.rstrip("/").endswith("/messages"):
+            return Call(operation="other")  # count_tokens, models, batches: forwarded, not counted
+        doc, error = json_body(body)
+        call = Call(operation="chat", parse_error=error)
+        if doc is None:
+            return call
+        return safe_parse(call, read_messages, doc)
+
+    def observer(self, call: Call, status: int, headers: Mapping[str, str]) -> Observer:
+        if call.operation != "chat" or status >= 400:
+            return NullObserver()
+        enc, _exact = tokens.encoding_for_model(call.model)
+        if "text/event-stream" in headers.get("content-type", ""):
+            return MessagesStreamObserver(enc)
+        return MessagesObserver()
+
+
+def _blocks_text(content: Any, out: list[str]) -> None:
+    """Text of a content: a string or blocks (text, tool_use input, tool_result content, thinking,
+    document text sources). Images and other binary sources are not counted."""
+    if isinstance(content, str):
+        out.append(content)
+        return
+    if not isinstance(content, list):
+        return
+    for block in content:
+        if not isinstance(block, dict):
+            continue
+        kind = block.get("type")
+        if kind == "text" and isinstance(block.get("text"), str):
+            out.append(block["text"])
+        elif kind == "tool_use":
+            out.append(f"{block.get('name') or ''}{json_text(block.get('input') or {})}")
+        elif kind == "tool_result":
+            _blocks_text(block.get("content"), out)
+        elif kind == "thinking" and isinstance(block.get("thinking"), str):
+            out.append(block["thinking"])
+        elif kind == "document":
+            source = block.get("source") or {}
+            if isinstance(source, dict) and source.get("type") == "text" and isinstance(source.get("data"), str):
+                out.append(source["data"])
+            elif isinstance(source, dict) and source.get("type") == "content":
+                _blocks_text(source.get("content"), out)
+
+
+def read_messages(doc: dict[str, Any], call: Call) -> None:
+    call.model = as_str(doc.get("model"))
+    call.stream = doc.get("stream") is True
+    call.max_output_tokens = as_int(doc.get("max_tokens"))
+    texts: list[str] = []
+    messages = 0
+    system = doc.get("system")
+    if system is not None:
+        messages += 1
+        _blocks_text(system, texts)
+    for m in doc.get("messages") or []:
+        if isinstance(m, dict):
+            messages += 1
+            _blocks_text(m.get("content"), texts)
+    for tool in doc.get("tools") or []:
+        if isinstance(tool, dict):
+            texts.append(json_text({k: tool[k] for k in ("name", "description", "input_schema") if k in tool}))
+    call.prompt_texts = texts
+    call.prompt_tokens, _exact = tokens.count_prompt(call.model, texts, messages)
+    call.prompt_estimated = True  # never Claude's own tokenizer
+
+
+def usage(u: Any, prev: Usage | None = None) -> Usage | None:
+    """Anthropic usage; streamed `message_delta` usage is cumulative and may omit input fields."""
+    if not isinstance(u, dict):
+        return prev
+    fresh = as_int(u.get("input_tokens"))
+    read = as_int(u.get("cache_read_input_tokens"))
+    write = as_int(u.get("cache_creation_input_tokens"))
+    if fresh is None and read is None and write is None:
+        total = prev.input_tokens if prev else None
+        cached = prev.cached_input_tokens if prev else None
+    else:
+        total = (fresh or 0) + (read or 0) + (write or 0)
+        cached = read if read is not None else (prev.cached_input_tokens if prev else None)
+    out = as_int(u.get("output_tokens"))
+    return Usage(input_tokens=total, output_tokens=out if out is not None else (prev.output_tokens if prev else None),
+                 cached_input_tokens=cached, reasoning_tokens=None)
+
+
+class MessagesObserver(BufferedJsonObserver):
+    def read(self, doc: Any) -> None:
+        obs = self.observation
+        obs.response_model = as_str(doc.get("model"))
+        obs.usage = usage(doc.get("usage"))
+        if doc.get("stop_reason"):
+            obs.finish_reasons = [doc["stop_reason"]]
+
+
+class MessagesStreamObserver(JsonStreamObserver):
+    """message_start (model, input usage) -> content_block_delta (text, tool input, thinking) ->
+    message_delta (stop_reason, cumulative output usage) -> message_stop."""
+
+    def on_event(self, event: str, doc: dict[str, Any]) -> None:
+        obs: Observation = self.observation
+        kind = doc.get("type") or event
+        if kind == "message_start":
+            msg = doc.get("message") or {}
+            obs.response_model = as_str(msg.get("model")) or obs.response_model
+            obs.usage = usage(msg.get("usage"), obs.usage)
+        elif kind == "content_block_delta":
+            delta = doc.get("delta") or {}
+            self.saw_output(delta.get("text") or delta.get("partial_json") or delta.get("thinking"))
+        elif kind == "content_block_start":
+            block = doc.get("content_block") or {}
+            self.saw_output(block.get("text") or block.get("name"))
+        elif kind == "message_delta":
+            stop = (doc.get("delta") or {}).get("stop_reason")
+            if stop:
+                obs.finish_reasons = [stop]
+            obs.usage = usage(doc.get("usage"), obs.usage)
+        elif kind == "error":
+            obs.finish_reasons = ["error"]

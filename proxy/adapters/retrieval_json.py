@@ -1,0 +1,117 @@
+"""`json`: the generic retrieval adapter, driven by field paths in the upstream's `fields:` config.
+
+Request paths: `query`, `vector`, `filters`, `top_k`. Response paths: `results` (the list; "" for a
+top-level list) and, relative to each result, `id`, `text`, `score`, `source`, `acl`. Index version:
+`version_header` (response header) or `version_field` (response body path). The presets in
+retrieval_presets.py are subclasses that change defaults and a few readers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import queries
+from ..config import UpstreamConfig
+from ..model import Call, Chunk
+from .base import BufferedJsonObserver, NullObserver, Observer, json_body, safe_parse
+from .fields import as_acl, as_float, as_id, as_int, as_str, as_vector, get_path
+
+FIELD_KEYS = frozenset({"query", "vector", "filters", "top_k", "results", "id", "text", "score", "source", "acl",
+                        "version_header", "version_field"})
+
+
+class JsonRetrievalAdapter:
+    name = "json"
+    error_style = "plain"
+    reads_body = True
+    defaults: Mapping[str, str] = {"query": "query", "vector": "vector", "filters": "filter", "top_k": "top_k",
+                                   "results": "results", "id": "id", "text": "text", "score": "score",
+                                   "source": "source"}
+
+    def __init__(self, upstream: UpstreamConfig) -> None:
+        self.upstream = upstream
+        # `fields` keys outside FIELD_KEYS are ignored here; config validation may reject them
+        self.fields: dict[str, str] = {**self.defaults, **upstream.fields}
+
+    # -- request ---------------------------------------------------------------------------------
+
+    def route_id(self, method: str, path: str) -> str | None:
+        """The key space of this call's queries (route, plus collection / index for presets);
+        None when the call is not a retrieval (forwarded as `other`)."""
+        return self.upstream.name if method in ("POST", "GET", "PUT") else None
+
+    def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call:
+        route = self.route_id(method, path.rstrip("/"))
+        if route is None:
+            return Call(operation="other")
+        doc, error = json_body(body)
+        call = Call(operation="retrieval", parse_error=error)
+        if doc is None:
+            return call
+
+        def read(d: dict[str, Any], c: Call) -> None:
+            self.read_request(d, c)
+            c.filters = queries.canonical_filters(c.filters) if c.filters is not None else None
+            if c.query is not None or c.query_vector is not None:
+                c.query_key = queries.query_key(route, c.query, c.query_vector, c.filters)
+
+        return safe_parse(call, read, doc)
+
+    def read_request(self, doc: dict[str, Any], call: Call) -> None:
+        f = self.fields
+        call.query = as_str(get_path(doc, f.get("query")))
+        call.query_vector = as_vector(get_path(doc, f.get("vector")))
+        call.filters = get_path(doc, f.get("filters"))
+        call.top_k = as_int(get_path(doc, f.get("top_k")))
+
+    # -- response --------------------------------------------------------------------------------
+
+    def observer(self, call: Call, status: int, headers: Mapping[str, str]) -> Observer:
+        if call.operation != "retrieval" or status >= 400:
+            return NullObserver()
+        version = None
+        if self.fields.get("version_header"):
+            version = headers.get(self.fields["version_header"].lower())
+        return RetrievalObserver(self, version)
+
+    def results(self, doc: Any) -> list[Any] | None:
+        items = get_path(doc, self.fields.get("results", ""))
+        return items if isinstance(items, list) else None
+
+    def chunks(self, doc: Any) -> list[Chunk] | None:
+        items = self.results(doc)
+        if items is None:
+            return None
+        return [self.chunk(item) for item in items]
+
+    def chunk(self, item: Any) -> Chunk:
+        f = self.fields
+        text = get_path(item, f.get("text"))
+        source = get_path(item, f.get("source"))
+        return Chunk(
+            id=as_id(get_path(item, f.get("id"))) or "",  # "": keyed by text fingerprint downstream
+            text=text if isinstance(text, str) else "",
+            score=as_float(get_path(item, f.get("score"))),
+            source=as_id(source),
+            acl=as_acl(get_path(item, f["acl"])) if f.get("acl") else None,
+        )
+
+
+class RetrievalObserver(BufferedJsonObserver):
+    def __init__(self, adapter: JsonRetrievalAdapter, version: str | None) -> None:
+        super().__init__()
+        self._adapter = adapter
+        self.observation.source_version = version
+
+    def read(self, doc: Any) -> None:
+        obs = self.observation
+        field = self._adapter.fields.get("version_field")
+        if field:
+            v = get_path(doc, field)
+            if isinstance(v, (str, int)) and not isinstance(v, bool):
+                obs.source_version = str(v)
+        chunks = self._adapter.chunks(doc)
+        if chunks is None:
+            obs.parse_error = "retrieval response has no results list"
+        obs.chunks = chunks

@@ -1,0 +1,153 @@
+"""Evidence tracking, pure: chunk fingerprints, new-chunk counts, evidence and duplicate
+("context landfill") tokens in a prompt, and the `x-ragtoll-evidence` header value.
+
+The per-task sets (chunk keys seen, evidence piece fingerprints, pieces already sent) live in the
+budget store; these functions only compute. Matching is by text fingerprints of passages
+(paragraphs, lines or sentences), so evidence is found when an agent pastes a chunk into a
+prompt with its own framing ("[1] ...", JSON tool output, bullets).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator, Sequence, Set
+from dataclasses import dataclass
+
+import http_sfv
+import orjson
+import xxhash
+
+from . import tokens
+from .model import Chunk
+
+# A passage shorter than this is too common to identify evidence ("Yes.", "Sources:").
+MIN_PIECE_CHARS = 24
+EVIDENCE_HEADER = "x-ragtoll-evidence"
+
+_SPLIT = re.compile(r"\n+|(?<=[.!?。！？])\s+")
+_MARKER = re.compile(r"^(?:\[\d+\]|\(\d+\)|\d+[.)]|[-*•>]+)\s*")
+_SPACE = re.compile(r"\s+")
+
+
+def _norm(text: str) -> str:
+    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip().casefold()
+
+
+def fingerprint(text: str) -> str:
+    """Identity of a chunk's text: xxh3-64 hex of its normalised form (case, spacing, NFKC)."""
+    return xxhash.xxh3_64_hexdigest(_norm(text).encode("utf-8", "surrogatepass"))
+
+
+def chunk_key(chunk: Chunk) -> str:
+    """What makes a chunk 'the same chunk' for new-chunk counting: its id, else its text."""
+    return chunk.id if chunk.id else "fp:" + fingerprint(chunk.text)
+
+
+def new_chunks(chunks: Iterable[Chunk], seen: Set[str]) -> list[str]:
+    """Keys of `chunks` not in `seen` (the task's chunk keys so far), in order, without repeats."""
+    out: list[str] = []
+    mine: set[str] = set()
+    for c in chunks:
+        k = chunk_key(c)
+        if k not in seen and k not in mine:
+            mine.add(k)
+            out.append(k)
+    return out
+
+
+def _pieces(text: str) -> Iterator[tuple[str, str]]:
+    """(raw passage, fingerprint) for each passage long enough to identify evidence."""
+    for raw in _SPLIT.split(text):
+        piece = _norm(_MARKER.sub("", raw.strip()))
+        if len(piece) >= MIN_PIECE_CHARS:
+            yield raw, xxhash.xxh3_64_hexdigest(piece.encode("utf-8", "surrogatepass"))
+
+
+def evidence_pieces(text: str) -> set[str]:
+    """Passage fingerprints of one retrieved chunk's text: what the task's evidence set holds."""
+    return {fp for _raw, fp in _pieces(text)}
+
+
+def _strings(text: str) -> list[str]:
+    """A prompt text, or the string leaves of it when it is JSON (tool output pasted as JSON)."""
+    head = text.lstrip()[:1]
+    if head not in ("{", "["):
+        return [text]
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return [text]
+    out: list[str] = []
+    stack = [doc]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            out.append(node)
+        elif isinstance(node, dict):
+            stack.extend(reversed(list(node.values())))
+        elif isinstance(node, list):
+            stack.extend(reversed(node))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PromptEvidence:
+    """How much of one LLM prompt is retrieved evidence, and how much of that was sent before."""
+
+    evidence_tokens: int
+    duplicate_tokens: int  # evidence already in an earlier prompt of the task, or twice in this one
+    sent: frozenset[str]  # evidence fingerprints in this prompt: add them to the task's sent set
+
+
+def measure_prompt(texts: Sequence[str], evidence: Set[str], already_sent: Set[str],
+                   encoding: str = tokens.O200K) -> PromptEvidence:
+    """Count evidence and duplicate-evidence tokens in a prompt's texts.
+
+    `evidence`: passage fingerprints of every chunk the task retrieved (`evidence_pieces`).
+    `already_sent`: fingerprints sent in earlier prompts of the task (earlier `sent` results).
+    Tokens are counted on the passage as it appears in the prompt.
+    """
+    ev = dup = 0
+    here: set[str] = set()
+    if not evidence:
+        return PromptEvidence(0, 0, frozenset())
+    for text in texts:
+        for s in _strings(text):
+            for raw, fp in _pieces(s):
+                if fp not in evidence:
+                    continue
+                n = tokens.count(raw, encoding)
+                ev += n
+                if fp in already_sent or fp in here:
+                    dup += n
+                here.add(fp)
+    return PromptEvidence(ev, dup, frozenset(here))
+
+
+def evidence_header(chunks: Sequence[Chunk], new_count: int) -> str:
+    """RFC 8941 dictionary for `x-ragtoll-evidence`.
+
+    `n`: chunks returned; `new`: chunks new to the task; `top`: the first result's score;
+    `margin`: |score of 1st - score of 3rd| (absent with fewer than three scored results).
+    Scores are taken in the upstream's order and scale (a distance for Chroma).
+    """
+    d = http_sfv.Dictionary()
+    d["n"] = len(chunks)
+    d["new"] = max(0, new_count)
+    scores = [c.score for c in chunks]
+    top = _decimal(scores[0]) if scores else None
+    if top is not None:
+        d["top"] = top
+        third = _decimal(scores[2]) if len(scores) >= 3 else None
+        if third is not None:
+            d["margin"] = _decimal(abs(float(scores[0]) - float(scores[2])))  # type: ignore[arg-type]
+    return str(d)
+
+
+def _decimal(x: float | None) -> float | None:
+    """A score RFC 8941 can carry (finite, under 10^12), rounded to its 3 decimals."""
+    if x is None or isinstance(x, bool) or not math.isfinite(x) or abs(x) >= 1e12:
+        return None
+    return round(float(x), 3)

@@ -1,0 +1,69 @@
+"""A cached evidence entry and its wire form; the evidence store protocol both stores implement.
+
+Pure. An entry keeps what a serve needs (the upstream's response body, the chunk ids and ACLs
+in rank order, the owner when an ACL was unknown) and what verification needs (the normalised
+query and the filter-like words seen in the response's metadata).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import orjson
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    query: str  # normalised query text
+    top_k: int | None
+    chunk_ids: tuple[str, ...]
+    acls: tuple[tuple[str, ...] | None, ...]
+    body: bytes
+    content_type: str = "application/json"
+    owner: str | None = None
+    vocab: tuple[str, ...] = ()
+    created: float = 0.0
+
+    def size(self) -> int:
+        return len(self.body) + len(self.query) + 64 * len(self.chunk_ids) + 256
+
+    def dumps(self) -> bytes:
+        return orjson.dumps({
+            "q": self.query, "k": self.top_k, "ids": list(self.chunk_ids),
+            "acl": [list(a) if a is not None else None for a in self.acls],
+            "b": self.body.decode("utf-8"), "ct": self.content_type, "o": self.owner,
+            "v": list(self.vocab), "t": self.created,
+        })
+
+    @classmethod
+    def loads(cls, raw: bytes) -> Entry:
+        d: dict[str, Any] = orjson.loads(raw)
+        return cls(
+            query=d["q"], top_k=d["k"], chunk_ids=tuple(d["ids"]),
+            acls=tuple(tuple(a) if a is not None else None for a in d["acl"]),
+            body=d["b"].encode("utf-8"), content_type=d["ct"], owner=d["o"], vocab=tuple(d["v"]), created=d["t"],
+        )
+
+
+class EvidenceStore(Protocol):
+    """Entries and their query vectors, per partition. Every key expires after `ttl_s`.
+
+    No lookup ever crosses a partition: `pkey` scopes every call.
+    """
+
+    async def get(self, pkey: str, qkey: str) -> Entry | None: ...
+
+    async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float,
+                      limit: int) -> list[tuple[float, Entry]]:
+        """Entries whose query vector has cosine >= min_similarity, best first."""
+        ...
+
+    async def put(self, pkey: str, qkey: str, entry: Entry, vector: np.ndarray | None, ttl_s: int) -> None: ...
+
+    async def get_version(self, source: str) -> str | None: ...
+
+    async def set_version(self, source: str, version: str) -> None: ...
+
+    async def aclose(self) -> None: ...

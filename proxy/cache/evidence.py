@@ -1,0 +1,169 @@
+"""The evidence cache itself: lookup (exact -> semantic -> verification -> ACL) and store.
+
+No HTTP here: the stage turns an exchange into a `Query`, and the benchmark drives this class
+directly. Guarantees: no lookup crosses a partition; a semantic candidate is served only after
+`verify` passes; nothing is served unless the ACL decision (and the external check, when
+configured) allows every cached chunk to the current principal.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import acl
+from .audit import Auditor
+from .embedders import Embedder, NoEmbedder
+from .entry import Entry, EvidenceStore
+from .partition import Partition, canonical_filters, exact_key, filter_words, normalize_query, serves_top_k
+from .principal import Principal
+from .verify import features, verify
+from .versions import Versions
+
+MAX_VOCAB = 2_000  # filter-like words remembered per partition
+
+
+@dataclass(slots=True)
+class Query:
+    route: str
+    text: str
+    filters: Any = None
+    top_k: int | None = None
+    principal: Principal = field(default_factory=lambda: Principal("anonymous"))
+
+
+@dataclass(slots=True)
+class Lookup:
+    """What a lookup found; also what `store` needs to file the evidence after a miss."""
+
+    query: Query
+    partition: Partition
+    norm: str
+    qkey: str
+    entry: Entry | None = None
+    tier: str | None = None  # exact | semantic
+    similarity: float | None = None
+    reason: str = ""  # why it is a miss: none, top_k, acl:*, authz:*, the refusing check, below_threshold
+    vector: np.ndarray | None = None
+    seconds: float = 0.0
+
+    @property
+    def hit(self) -> bool:
+        return self.entry is not None
+
+
+class EvidenceCache:
+    def __init__(self, store: EvidenceStore, *, embedder: Embedder | None = None, versions: Versions | None = None,
+                 similarity: float = 0.8, candidates: int = 3, ttl_s: int = 3600, public: str = "public",
+                 authz: acl.ExternalAuthz | None = None, auditor: Auditor | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.embedder = embedder or NoEmbedder()
+        self.versions = versions or Versions(store, {})
+        self.candidates = candidates
+        self.ttl_s = ttl_s
+        self.public = public
+        self.authz = authz
+        self.auditor = auditor or Auditor(0.0, similarity)
+        self._clock = clock
+        self._vocab: OrderedDict[str, set[str]] = OrderedDict()
+
+    async def partition(self, q: Query) -> Partition:
+        version = await self.versions.current(q.route)
+        return Partition(q.route, version, canonical_filters(q.filters), q.principal.tenant)
+
+    async def lookup(self, q: Query) -> Lookup:
+        t0 = time.perf_counter()
+        part = await self.partition(q)
+        norm = normalize_query(q.text)
+        lk = Lookup(q, part, norm, exact_key(norm), reason="none")
+        try:
+            await self._lookup(lk)
+        finally:
+            lk.seconds = time.perf_counter() - t0
+        return lk
+
+    async def _lookup(self, lk: Lookup) -> None:
+        q, pkey = lk.query, lk.partition.key
+        entry = await self.store.get(pkey, lk.qkey)
+        if entry is not None:
+            if not serves_top_k(entry.top_k, q.top_k):
+                lk.reason = "top_k"
+            else:
+                why = await self._allowed(entry, q.principal)
+                if why is None:
+                    lk.entry, lk.tier, lk.similarity = entry, "exact", 1.0
+                    return
+                lk.reason = why
+        lk.vector = await self.embedder.embed(lk.norm)
+        if lk.vector is None:
+            return
+        threshold = self.auditor.threshold(lk.partition.source)
+        found = await self.store.nearest(pkey, lk.vector, threshold, self.candidates)
+        if not found:
+            if lk.reason == "none":
+                lk.reason = "below_threshold"
+            return
+        vocab = self._partition_vocab(pkey) | filter_words(q.filters)
+        mine = None
+        for sim, cand in found:
+            if cand.query == lk.norm:
+                continue  # the exact entry, already judged above
+            if not serves_top_k(cand.top_k, q.top_k):
+                lk.reason = "top_k"
+                continue
+            words = vocab | set(cand.vocab)
+            if mine is None or cand.vocab:
+                mine = features(lk.norm, words)
+            refused = verify(mine, features(cand.query, words), sim, words)
+            if refused is not None:
+                lk.reason, lk.similarity = f"verify:{refused}", sim
+                continue
+            why = await self._allowed(cand, q.principal)
+            if why is not None:
+                lk.reason = why
+                continue
+            lk.entry, lk.tier, lk.similarity = cand, "semantic", sim
+            return
+
+    async def _allowed(self, entry: Entry, principal: Principal) -> str | None:
+        why = acl.decide(entry.acls, entry.owner, principal, self.public)
+        if why is None and self.authz is not None:
+            why = await self.authz.allows(principal, entry.chunk_ids)
+        return why
+
+    async def store_evidence(self, lk: Lookup, *, chunk_ids: Sequence[str], acls: Sequence[tuple[str, ...] | None],
+                             body: bytes, content_type: str = "application/json", vocab: Sequence[str] = (),
+                             version: str | None = None) -> Partition:
+        """File what live retrieval returned for `lk`'s query. `version`: the one the response carried."""
+        part = lk.partition
+        if version is not None:
+            seen = await self.versions.observe(lk.query.route, version)
+            if seen != part.version:
+                part = Partition(part.route, seen, part.filters, part.tenant)
+        words = tuple(sorted({w for w in vocab if 0 < len(w) <= 40})[:200])
+        entry = Entry(lk.norm, lk.query.top_k, tuple(chunk_ids), tuple(acls), body, content_type,
+                      acl.owner_of(acls, lk.query.principal), words, self._clock())
+        vector = lk.vector
+        if vector is None and not isinstance(self.embedder, NoEmbedder):
+            vector = await self.embedder.embed(lk.norm)
+        await self.store.put(part.key, lk.qkey, entry, vector, self.ttl_s)
+        self._learn(part.key, words)
+        return part
+
+    def _learn(self, pkey: str, words: Sequence[str]) -> None:
+        known = self._vocab.get(pkey)
+        if known is None:
+            known = self._vocab[pkey] = set()
+            while len(self._vocab) > 10_000:
+                self._vocab.popitem(last=False)
+        if len(known) < MAX_VOCAB:
+            known.update(words)
+
+    def _partition_vocab(self, pkey: str) -> set[str]:
+        return self._vocab.get(pkey, set())

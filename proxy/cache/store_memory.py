@@ -1,0 +1,122 @@
+"""In-process evidence store: LRU-bounded by entry count and bytes, TTL on every entry.
+
+Similarity is a numpy matrix product over the partition's vectors, rebuilt lazily after writes.
+Single event loop, no awaits inside a method: no lock needed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+
+import numpy as np
+
+from .entry import Entry
+
+# A source version is small and rarely written; keep it for a long while but not forever.
+VERSION_TTL_S = 30 * 24 * 3600
+
+
+class _Partition:
+    __slots__ = ("vectors", "matrix", "keys")
+
+    def __init__(self) -> None:
+        self.vectors: dict[str, np.ndarray] = {}
+        self.matrix: np.ndarray | None = None
+        self.keys: list[str] = []
+
+
+class MemoryEvidenceStore:
+    def __init__(self, max_entries: int = 50_000, max_bytes: int = 256 * 1024 * 1024,
+                 max_partition_entries: int = 5_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.max_partition_entries = max_partition_entries
+        self._clock = clock
+        self._lru: OrderedDict[tuple[str, str], tuple[Entry, float]] = OrderedDict()
+        self._parts: dict[str, _Partition] = {}
+        self._bytes = 0
+        self._versions: dict[str, tuple[str, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    @property
+    def bytes(self) -> int:
+        return self._bytes
+
+    async def get(self, pkey: str, qkey: str) -> Entry | None:
+        found = self._lru.get((pkey, qkey))
+        if found is None:
+            return None
+        if found[1] <= self._clock():
+            self._drop((pkey, qkey))
+            return None
+        self._lru.move_to_end((pkey, qkey))
+        return found[0]
+
+    async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float,
+                      limit: int) -> list[tuple[float, Entry]]:
+        part = self._parts.get(pkey)
+        if part is None or not part.vectors:
+            return []
+        if part.matrix is None:
+            part.keys = list(part.vectors)
+            part.matrix = np.stack([part.vectors[k] for k in part.keys])
+        sims = part.matrix @ vector
+        order = np.argsort(-sims)[: max(limit * 2, limit + 2)]
+        out: list[tuple[float, Entry]] = []
+        now = self._clock()
+        for i in order:
+            sim = float(sims[i])
+            if sim < min_similarity or len(out) >= limit:
+                break
+            key = (pkey, part.keys[i])
+            found = self._lru.get(key)
+            if found is None or found[1] <= now:
+                continue  # expired; dropped on its next exact read or eviction
+            out.append((sim, found[0]))
+        return out
+
+    async def put(self, pkey: str, qkey: str, entry: Entry, vector: np.ndarray | None, ttl_s: int) -> None:
+        key = (pkey, qkey)
+        if key in self._lru:
+            self._drop(key)
+        size = entry.size() + (vector.nbytes if vector is not None else 0)
+        if size > self.max_bytes:
+            return
+        self._lru[key] = (entry, self._clock() + ttl_s)
+        self._bytes += size
+        if vector is not None:
+            part = self._parts.setdefault(pkey, _Partition())
+            part.vectors[qkey] = vector.astype(np.float32, copy=False)
+            part.matrix = None
+            if len(part.vectors) > self.max_partition_entries:
+                oldest = next(iter(part.vectors))
+                self._drop((pkey, oldest))
+        while len(self._lru) > self.max_entries or self._bytes > self.max_bytes:
+            self._drop(next(iter(self._lru)))
+
+    def _drop(self, key: tuple[str, str]) -> None:
+        found = self._lru.pop(key, None)
+        part = self._parts.get(key[0])
+        vec = part.vectors.pop(key[1], None) if part is not None else None
+        if part is not None and vec is not None:
+            part.matrix = None
+            if not part.vectors:
+                del self._parts[key[0]]
+        if found is not None:
+            self._bytes -= found[0].size() + (vec.nbytes if vec is not None else 0)
+
+    async def get_version(self, source: str) -> str | None:
+        found = self._versions.get(source)
+        if found is None or found[1] <= self._clock():
+            return None
+        return found[0]
+
+    async def set_version(self, source: str, version: str) -> None:
+        self._versions[source] = (version, self._clock() + VERSION_TTL_S)
+
+    async def aclose(self) -> None:
+        return None

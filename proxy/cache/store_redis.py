@@ -1,0 +1,109 @@
+"""Redis evidence store (plain Redis or Cluster, no modules): similarity is computed here, in numpy.
+
+Every key of a partition shares its hash tag `ragtoll:{c:<partition>}:` - the entry blobs
+(`e:<query key>`), the vectors hash (`v`) and the insertion-order set (`z`) - so each step is a
+single-slot pipeline that runs unchanged on Cluster. Every key has a TTL. A partition keeps at
+most `max_partition_entries` vectors; the oldest are trimmed.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from .entry import Entry
+
+VERSION_TTL_S = 30 * 24 * 3600
+
+
+def _keys(pkey: str) -> tuple[str, str, str]:
+    base = f"ragtoll:{{c:{pkey}}}:"
+    return base + "e:", base + "v", base + "z"
+
+
+def make_client(url: str, timeout_s: float = 0.25) -> Any:
+    common: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    if url.startswith("redis+cluster://"):
+        return RedisCluster.from_url("redis://" + url[len("redis+cluster://"):], **common)
+    return aioredis.Redis.from_url(url, **common)
+
+
+class RedisEvidenceStore:
+    def __init__(self, client: Any, max_partition_entries: int = 5_000, owns_client: bool = True) -> None:
+        self.client = client
+        self.max_partition_entries = max_partition_entries
+        self._owns = owns_client
+
+    @classmethod
+    def from_url(cls, url: str, max_partition_entries: int = 5_000, timeout_s: float = 0.25) -> RedisEvidenceStore:
+        return cls(make_client(url, timeout_s), max_partition_entries)
+
+    async def get(self, pkey: str, qkey: str) -> Entry | None:
+        e, _, _ = _keys(pkey)
+        raw = await self.client.get(e + qkey)
+        return Entry.loads(raw) if raw else None
+
+    async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float,
+                      limit: int) -> list[tuple[float, Entry]]:
+        e, v, z = _keys(pkey)
+        found: dict[bytes, bytes] = await self.client.hgetall(v)
+        if not found:
+            return []
+        keys = list(found)
+        matrix = np.frombuffer(b"".join(found[k] for k in keys), dtype=np.float32).reshape(len(keys), -1)
+        if matrix.shape[1] != vector.shape[0]:
+            return []  # vectors of another embedder: nothing comparable
+        sims = matrix @ vector.astype(np.float32, copy=False)
+        order = [i for i in np.argsort(-sims)[: limit * 2 + 2] if sims[i] >= min_similarity]
+        if not order:
+            return []
+        qkeys = [keys[i].decode() for i in order]
+        blobs = await self.client.mget([e + q for q in qkeys])
+        out: list[tuple[float, Entry]] = []
+        gone: list[str] = []
+        for i, q, blob in zip(order, qkeys, blobs, strict=True):
+            if blob is None:
+                gone.append(q)  # the entry expired before its vector: drop the vector too
+            elif len(out) < limit:
+                out.append((float(sims[i]), Entry.loads(blob)))
+        if gone:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hdel(v, *gone)
+            pipe.zrem(z, *gone)
+            await pipe.execute()
+        return out
+
+    async def put(self, pkey: str, qkey: str, entry: Entry, vector: np.ndarray | None, ttl_s: int) -> None:
+        e, v, z = _keys(pkey)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.set(e + qkey, entry.dumps(), ex=ttl_s)
+        if vector is not None:
+            pipe.hset(v, qkey, vector.astype(np.float32, copy=False).tobytes())
+            pipe.expire(v, ttl_s)
+            pipe.zadd(z, {qkey: time.time()})
+            pipe.expire(z, ttl_s)
+            pipe.zcard(z)
+        result = await pipe.execute()
+        if vector is not None and result[-1] > self.max_partition_entries:
+            oldest = await self.client.zpopmin(z, result[-1] - self.max_partition_entries)
+            drop = [m.decode() if isinstance(m, bytes) else m for m, _ in oldest]
+            if drop:
+                pipe = self.client.pipeline(transaction=False)
+                pipe.hdel(v, *drop)
+                pipe.delete(*[e + q for q in drop])
+                await pipe.execute()
+
+    async def get_version(self, source: str) -> str | None:
+        raw = await self.client.get(f"ragtoll:{{v:{source}}}:version")
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    async def set_version(self, source: str, version: str) -> None:
+        await self.client.set(f"ragtoll:{{v:{source}}}:version", version, ex=VERSION_TTL_S)
+
+    async def aclose(self) -> None:
+        if self._owns:
+            await self.client.aclose()

@@ -1,0 +1,194 @@
+"""The admin API under /admin: read a task's ledger, end a task with an outcome, the OpenAPI text.
+
+Every route but /admin/openapi.json needs `Authorization: Bearer <token>`, the token coming from
+the file `admin.token_file` or the variable `admin.token_env`; with neither set the API refuses
+everything (secure by default). Tokens are compared in constant time. Errors are JSON.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from . import budget as bm
+from .config import DIMENSIONS, Settings
+from .records import TaskEnder, _iso
+from .stages.budget import read_secret
+
+MAX_BODY = 4096
+
+
+def _json(doc: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
+
+
+def _error(status: int, code: str, message: str) -> Response:
+    return _json({"error": {"type": "admin_error", "code": code, "message": message}}, status)
+
+
+def ledger_view(ledger: bm.Ledger, settings: Settings, now_ms: int) -> dict[str, Any]:
+    """A task's ledger as JSON: use, the profile's limits and what is left, in user units."""
+    profile = settings.budgets.profiles.get(ledger.profile)
+    limits = bm.to_units(profile.limits()) if profile else {}
+    c = ledger.counters
+    used = {k: c.get(k, 0) for k in ("steps", "calls", "retrieval_calls", "unique_queries", "rerank_calls",
+                                     "context_tokens", "completion_tokens", "cache_hits")}
+    used["cost_usd"] = round(bm.usd(c.get("cost_nusd", 0)), 9)
+    used["stalled_retrievals"] = c.get("stalled", 0)
+    used["elapsed_ms"] = max(0, now_ms - ledger.started_ms) if ledger.started_ms else 0
+    return {
+        "task_id": ledger.task_id, "profile": ledger.profile, "class": ledger.cls or None,
+        "started_at": _iso(ledger.started_ms), "last_call_at": _iso(ledger.last_ms),
+        "used": used,
+        "limits": {d: (bm.usd(v) if d == "max_cost_usd" else v) for d, v in limits.items()},
+        "remaining": bm.remaining(limits, ledger, None, now_ms),
+        "rejections": dict(ledger.rejections), "would_reject": dict(ledger.shadow_rejections),
+        "exhausted": ledger.exhausted, "in_flight": c.get("inflight", 0), "chunks_seen": ledger.chunks_seen,
+    }
+
+
+class AdminApi:
+    """Routes bound to the app's live store and ender (both set in the lifespan)."""
+
+    def __init__(self, settings: Settings, env: Mapping[str, str] | None = None,
+                 wall_ms: Callable[[], int] | None = None) -> None:
+        self.settings = settings
+        env = os.environ if env is None else env
+        self._token = read_secret(env, settings.admin.token_env, settings.admin.token_file)
+        self.ender: TaskEnder | None = None
+        self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/admin/openapi.json", self.openapi, methods=["GET"]),
+            Route("/admin/tasks/{task_id:path}/end", self.end_task, methods=["POST"]),
+            Route("/admin/tasks/{task_id:path}", self.get_task, methods=["GET"]),
+        ]
+
+    def _denied(self, request: Request) -> Response | None:
+        if self._token is None:
+            return _error(401, "admin_disabled", "the admin API is off: set the token in "
+                          f"${self.settings.admin.token_env} or admin.token_file")
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
+            return Response(orjson.dumps({"error": {"type": "admin_error", "code": "unauthorized",
+                                                    "message": "a valid bearer token is required"}}),
+                            status_code=401, media_type="application/json",
+                            headers={"www-authenticate": 'Bearer realm="ragtoll-admin"'})
+        if self.ender is None:
+            return _error(503, "starting", "the proxy is starting")
+        return None
+
+    async def get_task(self, request: Request) -> Response:
+        if (denied := self._denied(request)) is not None:
+            return denied
+        task_id = request.path_params["task_id"]
+        try:
+            ledger = await self.ender.store.get_task(task_id)  # type: ignore[union-attr]
+        except Exception as exc:
+            return _error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
+        if ledger is None:
+            return _error(404, "task_not_found", f"no active task {task_id[:200]!r}")
+        return _json(ledger_view(ledger, self.settings, self._wall_ms()))
+
+    async def end_task(self, request: Request) -> Response:
+        if (denied := self._denied(request)) is not None:
+            return denied
+        task_id = request.path_params["task_id"]
+        body = await request.body()
+        outcome: dict[str, bool] | None = None
+        if len(body) > MAX_BODY:
+            return _error(413, "body_too_large", f"body larger than {MAX_BODY} bytes")
+        if body.strip():
+            try:
+                doc = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                return _error(400, "invalid_body", 'body must be JSON: {} or {"correct": true|false}')
+            if not isinstance(doc, dict) or set(doc) - {"correct"} or \
+                    ("correct" in doc and not isinstance(doc["correct"], bool)):
+                return _error(400, "invalid_body", 'body must be {} or {"correct": true|false}')
+            if "correct" in doc:
+                outcome = {"correct": doc["correct"]}
+        try:
+            record = await self.ender.end(task_id, outcome)  # type: ignore[union-attr]
+        except Exception as exc:
+            return _error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
+        if record is None:
+            return _error(404, "task_not_found", f"no active task {task_id[:200]!r}")
+        return _json(record)
+
+    async def openapi(self, request: Request) -> Response:
+        return _json(OPENAPI)
+
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_TASK_ID = {"name": "task_id", "in": "path", "required": True, "schema": {"type": "string"}}
+OPENAPI: dict[str, Any] = {
+    "openapi": "3.1.0",
+    "info": {"title": "ragtoll admin API", "version": "1",
+             "description": "Read and end per-task budgets. Bearer token from admin.token_env / admin.token_file."},
+    "components": {
+        "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        "schemas": {
+            "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {
+                "type": {"type": "string"}, "code": {"type": "string"}, "message": {"type": "string"}}}}},
+            "Ledger": {"type": "object", "properties": {
+                "task_id": {"type": "string"}, "profile": {"type": "string"}, "class": {"type": ["string", "null"]},
+                "started_at": {"type": ["string", "null"], "format": "date-time"},
+                "last_call_at": {"type": ["string", "null"], "format": "date-time"},
+                "used": {"type": "object", "additionalProperties": {"type": "number"}},
+                "limits": {"type": "object", "propertyNames": {"enum": list(DIMENSIONS)},
+                           "additionalProperties": {"type": "number"}},
+                "remaining": {"type": "object", "additionalProperties": {"type": "number"}},
+                "rejections": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "would_reject": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "exhausted": {"type": ["string", "null"]}, "in_flight": {"type": "integer"},
+                "chunks_seen": {"type": "integer"}}},
+            "TaskRecord": {"type": "object", "required": [
+                "task_id", "profile", "class", "route", "started_at", "ended_at", "duration_ms", "calls", "steps",
+                "retrieval_calls", "unique_queries", "rerank_calls", "context_tokens", "completion_tokens",
+                "cost_usd", "cache_hits", "rejections", "exhausted", "outcome", "end_reason"], "properties": {
+                "task_id": {"type": "string"}, "profile": {"type": "string"},
+                "class": {"type": ["string", "null"]}, "route": {"type": ["string", "null"]},
+                "started_at": {"type": ["string", "null"], "format": "date-time"},
+                "ended_at": {"type": ["string", "null"], "format": "date-time"},
+                "duration_ms": {"type": "integer"}, "calls": {"type": "integer"}, "steps": {"type": "integer"},
+                "retrieval_calls": {"type": "integer"}, "unique_queries": {"type": "integer"},
+                "rerank_calls": {"type": "integer"}, "context_tokens": {"type": "integer"},
+                "completion_tokens": {"type": "integer"}, "cost_usd": {"type": "number"},
+                "cache_hits": {"type": "integer"},
+                "rejections": {"type": "object", "additionalProperties": {"type": "integer"}},
+                "exhausted": {"type": ["string", "null"]},
+                "outcome": {"type": ["object", "null"], "properties": {"correct": {"type": "boolean"}}},
+                "end_reason": {"enum": ["explicit", "idle"]}}},
+        },
+    },
+    "security": [{"bearer": []}],
+    "paths": {
+        "/admin/tasks/{task_id}": {"get": {
+            "summary": "A task's budget ledger", "parameters": [_TASK_ID],
+            "responses": {"200": {"description": "the ledger", "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/Ledger"}}}},
+                "401": {"description": "missing or wrong token", "content": {"application/json": {"schema": _ERROR}}},
+                "404": {"description": "no active task", "content": {"application/json": {"schema": _ERROR}}}}}},
+        "/admin/tasks/{task_id}/end": {"post": {
+            "summary": "End a task; its record is appended to the task record sink", "parameters": [_TASK_ID],
+            "requestBody": {"required": False, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False, "properties": {"correct": {"type": "boolean"}}}}}},
+            "responses": {"200": {"description": "the task record", "content": {"application/json": {
+                "schema": {"$ref": "#/components/schemas/TaskRecord"}}}},
+                "400": {"description": "invalid body", "content": {"application/json": {"schema": _ERROR}}},
+                "401": {"description": "missing or wrong token", "content": {"application/json": {"schema": _ERROR}}},
+                "404": {"description": "no active task", "content": {"application/json": {"schema": _ERROR}}}}}},
+        "/admin/openapi.json": {"get": {"summary": "This description", "security": [],
+                                        "responses": {"200": {"description": "OpenAPI 3.1"}}}},
+    },
+}

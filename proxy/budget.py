@@ -1,0 +1,327 @@
+"""Budget arithmetic (pure): limits, what a call charges, the admit rule, profile selection, headers.
+
+Everything here is a plain function of its inputs (clock values are passed in), so the memory
+store, the Redis Lua script and the tests share one definition of "a limit of N admits N".
+Internal units are integers: tokens, calls, milliseconds and nano-USD (so sums never drift).
+Imports nothing that does I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from .config import DIMENSIONS, BudgetsConfig, Profile
+
+NANO = 1_000_000_000  # cost is kept in nano-USD
+BAGGAGE_PROFILE = "ragtoll.budget.profile"
+BAGGAGE_PREFIX = "ragtoll.budget."
+
+# dimension -> ledger counter it is checked against (None: not a running total)
+COUNTER = {
+    "max_steps": "steps",
+    "max_calls": "calls",
+    "max_retrieval_calls": "retrieval_calls",
+    "max_unique_queries": "unique_queries",
+    "max_rerank_calls": "rerank_calls",
+    "max_context_tokens": "context_tokens",
+    "max_prompt_tokens": None,
+    "max_completion_tokens": "completion_tokens",
+    "max_cost_usd": "cost_nusd",
+    "max_latency_ms": None,
+    "max_stalled_retrievals": "stalled",
+}
+COUNTERS = ("steps", "calls", "retrieval_calls", "unique_queries", "rerank_calls", "context_tokens",
+            "completion_tokens", "cost_nusd", "stalled", "cache_hits")
+LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "messages"})
+_NUMBER = re.compile(r"^[0-9]{1,15}(\.[0-9]{1,9})?$")
+
+
+def to_units(limits: Mapping[str, float]) -> dict[str, int]:
+    """User-facing limits (USD, tokens, ms) -> internal integers."""
+    return {d: (round(v * NANO) if d == "max_cost_usd" else int(v)) for d, v in limits.items()}
+
+
+def usd(nusd: int) -> float:
+    return nusd / NANO
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """What one call adds to its task before it is forwarded. Costs in nano-USD."""
+
+    steps: int = 0
+    calls: int = 1
+    retrieval_calls: int = 0
+    rerank_calls: int = 0
+    context_tokens: int = 0
+    prompt_tokens: int = 0  # this call's prompt, for the per-call max_prompt_tokens
+    completion_reserve: int = 0  # requested (or default) max output tokens
+    cost_certain: int = 0  # prompt + per-call price: known before forwarding
+    cost_reserve: int = 0  # output tokens x price: reserved, settled later
+    query_key: str | None = None  # unique-query key (retrieval); None: not a query
+    cache_hit: bool = False
+
+    @property
+    def cost(self) -> int:
+        return self.cost_certain + self.cost_reserve
+
+
+@dataclass(slots=True)
+class Ledger:
+    """A task's running totals as the store holds them (counters in internal units)."""
+
+    task_id: str
+    profile: str = ""
+    cls: str = ""
+    route: str = ""
+    started_ms: int = 0
+    last_ms: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+    rejections: dict[str, int] = field(default_factory=dict)
+    shadow_rejections: dict[str, int] = field(default_factory=dict)
+    exhausted: str | None = None
+    chunks_seen: int = 0
+
+    def used(self, counter: str) -> int:
+        return self.counters.get(counter, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """What reserve added and settle must correct (internal units)."""
+
+    context_tokens: int = 0
+    completion_tokens: int = 0
+    cost_nusd: int = 0
+    new_query: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Actual:
+    """What the call really used, known after the response (internal units).
+
+    `chunk_ids` is None when the call returned no evidence to track (not a retrieval, or unread).
+    """
+
+    context_tokens: int = 0
+    completion_tokens: int = 0
+    cost_nusd: int = 0
+    chunk_ids: tuple[str, ...] | None = None
+
+
+def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, new_query: bool,
+                   now_ms: int) -> str | None:
+    """The first dimension (DIMENSIONS order) this call would break, or None to admit it.
+
+    Counts admit while used + charge <= limit. Completion tokens and cost admit while the task
+    has not used its limit; cost also refuses when the part known up front would cross it.
+    The deadline refuses once `now - started >= max_latency_ms`.
+    """
+    for dim in DIMENSIONS:
+        limit = limits.get(dim)
+        if limit is None:
+            continue
+        if dim == "max_prompt_tokens":
+            bad = charge.prompt_tokens > limit
+        elif dim == "max_latency_ms":
+            bad = ledger.started_ms > 0 and now_ms - ledger.started_ms >= limit
+        elif dim == "max_unique_queries":
+            bad = new_query and ledger.used("unique_queries") + 1 > limit
+        elif dim == "max_completion_tokens":
+            bad = charge.completion_reserve > 0 and ledger.used("completion_tokens") >= limit
+        elif dim == "max_cost_usd":
+            used = ledger.used("cost_nusd")
+            bad = charge.cost > 0 and (used + charge.cost_certain > limit or used >= limit)
+        elif dim == "max_stalled_retrievals":
+            bad = charge.retrieval_calls > 0 and ledger.used("stalled") >= limit
+        else:
+            add = getattr(charge, COUNTER[dim])  # type: ignore[arg-type]
+            bad = add > 0 and ledger.used(COUNTER[dim]) + add > limit  # type: ignore[arg-type]
+        if bad:
+            return dim
+    return None
+
+
+def apply_charge(ledger: Ledger, charge: Charge, new_query: bool, now_ms: int) -> Reservation:
+    """Add an admitted call to `ledger` in place (the memory store; the Lua script mirrors it)."""
+    c = ledger.counters
+    for name, add in (("steps", charge.steps), ("calls", charge.calls), ("retrieval_calls", charge.retrieval_calls),
+                      ("rerank_calls", charge.rerank_calls), ("context_tokens", charge.context_tokens),
+                      ("completion_tokens", charge.completion_reserve), ("cost_nusd", charge.cost),
+                      ("unique_queries", 1 if new_query else 0), ("cache_hits", 1 if charge.cache_hit else 0)):
+        if add:
+            c[name] = c.get(name, 0) + add
+    return Reservation(charge.context_tokens, charge.completion_reserve, charge.cost, new_query)
+
+
+def used_value(dim: str, ledger: Ledger, charge: Charge | None, now_ms: int) -> float:
+    """A dimension's use in user units (USD for cost), after this call's charge."""
+    if dim == "max_prompt_tokens":
+        return charge.prompt_tokens if charge else 0
+    if dim == "max_latency_ms":
+        return max(0, now_ms - ledger.started_ms) if ledger.started_ms else 0
+    counter = COUNTER[dim]
+    value = ledger.used(counter)  # type: ignore[arg-type]
+    return usd(value) if dim == "max_cost_usd" else value
+
+
+def remaining(limits: Mapping[str, int], ledger: Ledger, charge: Charge | None, now_ms: int) -> dict[str, float]:
+    """What is left per limited dimension, in user units (never negative)."""
+    out: dict[str, float] = {}
+    for dim in DIMENSIONS:
+        limit = limits.get(dim)
+        if limit is None:
+            continue
+        if dim == "max_prompt_tokens":
+            out[dim] = limit  # a per-call ceiling: every call may use this much
+            continue
+        lim = usd(limit) if dim == "max_cost_usd" else limit
+        out[dim] = max(0.0, lim - used_value(dim, ledger, charge, now_ms)) if dim == "max_cost_usd" else \
+            max(0, int(lim - used_value(dim, ledger, charge, now_ms)))
+    return out
+
+
+def warnings(limits: Mapping[str, int], ledger: Ledger, charge: Charge | None, now_ms: int,
+             fraction: float) -> dict[str, float]:
+    """Dimensions whose use has reached `fraction` of the limit -> used fraction (0..1+)."""
+    out: dict[str, float] = {}
+    for dim in DIMENSIONS:
+        limit = limits.get(dim)
+        if limit is None or limit <= 0 or dim == "max_prompt_tokens":
+            continue
+        lim = usd(limit) if dim == "max_cost_usd" else limit
+        share = used_value(dim, ledger, charge, now_ms) / lim
+        if share >= fraction:
+            out[dim] = share
+    return out
+
+
+def sf_dictionary(values: Mapping[str, float]) -> bytes:
+    """An RFC 8941 dictionary. Integers stay integers; decimals keep RFC 8941's three fraction
+    digits, rounded down so a client never sees more than is left, and carry the exact amount
+    in micro-units as the `micros` parameter (cost: 0.0123 USD -> `0.012;micros=12300`)."""
+    parts = []
+    for key, value in values.items():
+        if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and key != "max_cost_usd"):
+            parts.append(f"{key}={min(int(value), 999_999_999_999_999)}")
+        else:
+            floored = math.floor(value * 1000) / 1000
+            parts.append(f"{key}={floored:.3f};micros={int(value * 1_000_000)}")
+    return ", ".join(parts).encode()
+
+
+# --- limits from profile and baggage ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    profile: str
+    source: str  # baggage | rule | classifier | default | task (already chosen for this task)
+    cls: str = ""
+    reason: str = ""
+    notes: tuple[str, ...] = ()
+
+
+Classifier = Callable[[str], tuple[str, str]]
+
+
+def select_profile(cfg: BudgetsConfig, route: str, headers: Mapping[str, str], baggage: Mapping[str, str],
+                   query: str | None, classify: Classifier | None) -> Selection:
+    """DESIGN.md order: baggage `ragtoll.budget.profile` (if the profile allows selection) ->
+    route/header rules -> the classifier on the query (only when `budgets.classes` is set) -> default."""
+    notes: list[str] = []
+    asked = baggage.get(BAGGAGE_PROFILE)
+    if asked is not None:
+        prof = cfg.profiles.get(asked)
+        if prof is None:
+            notes.append(f"baggage {BAGGAGE_PROFILE}={asked[:64]!r} ignored: no such profile")
+        elif not prof.allow_selection:
+            notes.append(f"baggage {BAGGAGE_PROFILE}={asked!r} ignored: profile does not allow selection")
+        else:
+            return Selection(asked, "baggage", notes=tuple(notes))
+    for rule in cfg.rules:
+        if rule.route is not None and rule.route != route:
+            continue
+        if rule.header is not None and headers.get(rule.header.lower()) != rule.equals:
+            continue
+        return Selection(rule.profile, "rule", notes=tuple(notes))
+    if cfg.classes and classify is not None and query:
+        cls, reason = classify(query)
+        if cls in cfg.classes:
+            return Selection(cfg.classes[cls], "classifier", cls, reason, tuple(notes))
+        notes.append(f"query class {cls!r} has no profile in budgets.classes")
+        return Selection(cfg.default_profile, "default", cls, reason, tuple(notes))
+    return Selection(cfg.default_profile, "default", notes=tuple(notes))
+
+
+def effective_limits(profile: Profile, baggage: Mapping[str, str],
+                     raises: Mapping[str, float] | None = None) -> tuple[dict[str, float], list[str]]:
+    """The profile's limits, raised only by verified signed values, then lowered by plain baggage.
+
+    Plain `ragtoll.budget.<dimension>=N` can only lower a limit (or set one where the profile has
+    none). Unknown dimensions and malformed numbers are ignored and noted; never an error.
+    """
+    limits = profile.limits()
+    notes: list[str] = []
+    for dim, value in (raises or {}).items():
+        if dim in DIMENSIONS:
+            limits[dim] = value
+    for key, raw in baggage.items():
+        if not key.startswith(BAGGAGE_PREFIX) or key == BAGGAGE_PROFILE:
+            continue
+        dim = key[len(BAGGAGE_PREFIX):]
+        if dim not in DIMENSIONS:
+            if not dim.startswith("sig") and "." not in dim:
+                notes.append(f"baggage {key[:80]} ignored: not a budget dimension")
+            continue
+        text = raw.strip()
+        if not _NUMBER.match(text):
+            notes.append(f"baggage {key} ignored: {text[:32]!r} is not a non-negative number")
+            continue
+        value = float(text)
+        current = limits.get(dim)
+        if current is None or value < current:
+            limits[dim] = value
+        elif value > current and not (raises and dim in raises):
+            notes.append(f"baggage {key}={text} ignored: can only lower the limit ({current:g})")
+    return limits, notes
+
+
+# --- what a call charges ------------------------------------------------------------------------------
+
+
+def charge_for(kind: str, operation: str, *, prompt_tokens: int | None, max_output_tokens: int | None,
+               default_max_output_tokens: int, cost_certain_usd: float, cost_reserve_usd: float,
+               query_key: str | None, cache_hit: bool) -> Charge:
+    """The charge of one call. A cache hit is only a call: not a step, retrieval or new query."""
+    if cache_hit:
+        return Charge(calls=1, cache_hit=True)
+    llm = operation in LLM_OPERATIONS or (kind == "llm" and operation not in ("embeddings", "other"))
+    if llm:
+        prompt = max(0, prompt_tokens or 0)
+        reserve = max_output_tokens if max_output_tokens is not None and max_output_tokens >= 0 \
+            else default_max_output_tokens
+        return Charge(steps=1, context_tokens=prompt, prompt_tokens=prompt, completion_reserve=max(1, reserve),
+                      cost_certain=round(cost_certain_usd * NANO), cost_reserve=round(cost_reserve_usd * NANO))
+    retrieval = operation == "retrieval" or (kind == "retrieval" and operation == "other")
+    rerank = operation == "rerank" or (kind == "rerank" and operation == "other")
+    return Charge(retrieval_calls=1 if retrieval else 0, rerank_calls=1 if rerank else 0,
+                  cost_certain=round((cost_certain_usd + cost_reserve_usd) * NANO),
+                  query_key=query_key if retrieval else None)
+
+
+def query_key_of(query: str | None) -> str | None:
+    """A fallback unique-query key when the adapter gives none: case- and space-normalised text."""
+    if not query:
+        return None
+    return " ".join(query.lower().split())[:512] or None
+
+
+def first_query(prompt_texts: list[str], query: str | None) -> str | None:
+    """The text the classifier reads: the retrieval query, else the last prompt text."""
+    if query:
+        return query
+    return prompt_texts[-1] if prompt_texts else None

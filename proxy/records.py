@@ -1,0 +1,133 @@
+"""Task records: the summary written once when a task ends (admin end call or idle timeout).
+
+`task_record` is pure (ledger in, dict out, fixed keys the report reads). Sinks append records:
+a JSONL file by default, a Redis Stream when the store is Redis (through the store's client,
+so this module imports no I/O library).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import orjson
+
+from .budget import Ledger, usd
+
+END_EXPLICIT = "explicit"
+END_IDLE = "idle"
+
+
+def _iso(ms: int) -> str | None:
+    if ms <= 0:
+        return None
+    return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def task_record(ledger: Ledger, *, ended_ms: int, end_reason: str, outcome: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The record of an ended task. Keys are a contract (report and demo read them); add, never rename."""
+    c = ledger.counters
+    return {
+        "task_id": ledger.task_id,
+        "profile": ledger.profile,
+        "class": ledger.cls or None,
+        "route": ledger.route or None,
+        "started_at": _iso(ledger.started_ms),
+        "ended_at": _iso(ended_ms),
+        "duration_ms": max(0, ledger.last_ms - ledger.started_ms),
+        "calls": c.get("calls", 0),
+        "steps": c.get("steps", 0),
+        "retrieval_calls": c.get("retrieval_calls", 0),
+        "unique_queries": c.get("unique_queries", 0),
+        "rerank_calls": c.get("rerank_calls", 0),
+        "context_tokens": c.get("context_tokens", 0),
+        "completion_tokens": c.get("completion_tokens", 0),
+        "cost_usd": round(usd(c.get("cost_nusd", 0)), 9),
+        "cache_hits": c.get("cache_hits", 0),
+        "rejections": dict(ledger.rejections),
+        "exhausted": ledger.exhausted,
+        "outcome": dict(outcome) if outcome is not None else None,
+        "end_reason": end_reason,
+        # beyond the contract: useful for the report
+        "would_reject": dict(ledger.shadow_rejections),
+        "chunks_seen": ledger.chunks_seen,
+        "stalled_retrievals": c.get("stalled", 0),
+    }
+
+
+class RecordSink(Protocol):
+    async def append(self, record: Mapping[str, Any]) -> None: ...
+
+
+class JsonlSink:
+    """Appends one JSON line per record; a lock keeps lines whole when records end concurrently."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def _write(self, line: bytes) -> None:
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            try:
+                os.write(fd, line)
+            finally:
+                os.close(fd)
+
+    async def append(self, record: Mapping[str, Any]) -> None:
+        await asyncio.to_thread(self._write, orjson.dumps(record) + b"\n")
+
+
+class StreamSink:
+    """Appends to the Redis Stream of a store that offers `append_record` (stores/redis.py)."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+
+    async def append(self, record: Mapping[str, Any]) -> None:
+        await self._store.append_record(record)
+
+
+def open_sink(store: Any, records_file: str) -> RecordSink:
+    if hasattr(store, "append_record"):
+        return StreamSink(store)
+    return JsonlSink(records_file)
+
+
+class TaskEnder:
+    """Ends tasks (admin call or idle sweep) and appends each record exactly once.
+
+    The store decides who ends a task (its end step is atomic), so replicas sweeping the same
+    task never write two records.
+    """
+
+    def __init__(self, store: Any, sink: RecordSink, idle_timeout_s: float,
+                 wall_ms: Any = None) -> None:
+        self.store = store
+        self.sink = sink
+        self.idle_ms = int(idle_timeout_s * 1000)
+        self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
+
+    async def end(self, task_id: str, outcome: Mapping[str, Any] | None, reason: str = END_EXPLICIT,
+                  idle_before_ms: int | None = None) -> dict[str, Any] | None:
+        ledger = await self.store.end_task(task_id, idle_before_ms)
+        if ledger is None:
+            return None
+        ended = self._wall_ms() if reason == END_EXPLICIT else ledger.last_ms
+        record = task_record(ledger, ended_ms=ended, end_reason=reason, outcome=outcome)
+        await self.sink.append(record)
+        return record
+
+    async def sweep(self) -> int:
+        """End every task idle for longer than the idle timeout; returns how many ended."""
+        cutoff = self._wall_ms() - self.idle_ms
+        ended = 0
+        for task_id in await self.store.idle_tasks(cutoff):
+            if await self.end(task_id, None, END_IDLE, cutoff) is not None:
+                ended += 1
+        return ended

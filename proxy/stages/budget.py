@@ -1,0 +1,393 @@
+"""Budget stage: reserve before forwarding, cut streams that run out, settle after.
+
+Guarantees: one store round trip before forwarding (reserve) and one after (settle, in `on_end`,
+only for admitted calls); a refused call never reaches the upstream and raises `BudgetExceeded`
+(the pipeline renders it with `x-should-retry: false`); every response carries
+`x-ragtoll-budget-remaining`. Store calls are bounded by `store_timeout_ms`; a failing store
+forwards and marks the call degraded (`on_store_error: open`) or answers 503 (`closed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from ...instrumentation import semconv as sc
+from .. import budget as bm
+from ..budget import Actual, Charge, Ledger, Reservation, Selection
+from ..config import Settings
+from ..errors import BudgetExceeded, StoreUnavailable
+from ..pipeline import Exchange, Reply
+from ..stores.base import Decision, Store, TaskMeta
+
+try:  # landing in parallel (issue 3); the fallback prices nothing
+    from ..pricing import Prices
+except ImportError:  # pragma: no cover
+    Prices = None  # type: ignore[assignment,misc]
+try:
+    from ..classifier import classify as _classify
+except ImportError:  # pragma: no cover
+    _classify = None  # type: ignore[assignment]
+try:
+    from ..signing import verify_budget_baggage as _verify
+except ImportError:  # pragma: no cover
+    _verify = None  # type: ignore[assignment]
+
+REMAINING_HEADER = b"x-ragtoll-budget-remaining"
+WARNING_HEADER = b"x-ragtoll-budget-warning"
+WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
+MAX_CACHED_PROFILES = 100_000
+
+
+@dataclass(slots=True)
+class Ticket:
+    """What on_request reserved, for on_chunk and on_end. Allowances in internal units, None = no cut."""
+
+    admitted: bool
+    charge: Charge
+    reservation: Reservation
+    limits: dict[str, int]
+    profile: str
+    shadow: bool
+    token_allowance: int | None = None
+    cost_allowance: int | None = None  # nano-USD left for this call's output tokens
+    out_price_nusd: float = 0.0  # per output token
+    deadline_ms: int | None = None
+    tail_clean: bool = True  # the bytes sent so far end on an SSE event boundary
+    cut: str | None = None
+
+
+def read_secret(env: Mapping[str, str], env_name: str | None, file: str | None) -> bytes | None:
+    """A secret from a file (preferred: no environment leaks) or an environment variable."""
+    if file:
+        with open(file, "rb") as fh:
+            value = fh.read().strip()
+        return value or None
+    raw = env.get(env_name or "")
+    return raw.encode() if raw else None
+
+
+class BudgetStage:
+    def __init__(self, settings: Settings, store: Store, *, meter: Any = None,
+                 env: Mapping[str, str] | None = None, wall_ms: Callable[[], int] | None = None,
+                 classify: Callable[[str], tuple[str, str]] | None = None) -> None:
+        self.settings = settings
+        self.cfg = settings.budgets
+        self.store = store
+        self.timeout = settings.store_timeout_ms / 1000
+        self.prices = Prices.from_settings(settings) if Prices is not None else None
+        self.classify = classify or _classify
+        env = os.environ if env is None else env
+        self.hmac_key = read_secret(env, self.cfg.hmac_key_env, self.cfg.hmac_key_file)
+        self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
+        self._profiles: OrderedDict[str, Selection] = OrderedDict()
+        self._rejections = meter.create_counter(sc.METRIC_REJECTIONS, unit="{call}",
+                                                description="Calls refused by a budget") if meter else None
+
+    # --- before forwarding ------------------------------------------------------------------------
+
+    async def on_request(self, ex: Exchange) -> Reply | None:
+        if ex.task is None:
+            return None
+        hit = ex.state.get("cache_hit")
+        baggage = dict(ex.task.baggage)
+        task_id = ex.task.id
+        sel = self._selection(ex, baggage)
+        charge = self._charge(ex, hit is not None)
+        now = self._wall_ms()
+        try:
+            async with asyncio.timeout(self.timeout):
+                limits, notes = self._limits(sel.profile, baggage, task_id, now)
+                decision = await self._reserve(task_id, sel, limits, charge, now)
+                if decision.profile_conflict:  # another replica chose first: the task keeps its profile
+                    sel = Selection(decision.profile_conflict, "task")
+                    self._remember(task_id, sel)
+                    limits, notes = self._limits(sel.profile, baggage, task_id, now)
+                    decision = await self._reserve(task_id, sel, limits, charge, now)
+        except Exception as exc:  # any store failure: open or closed, never hang
+            return self._store_failed(ex, exc, hit)
+        if decision.profile_conflict:
+            return self._store_failed(ex, RuntimeError("profile conflict did not resolve"), hit)
+        shadow = self._shadow(sel.profile)
+        ticket = Ticket(decision.admitted, charge, decision.reservation, limits, sel.profile, shadow)
+        ex.state["budget"] = ticket
+        self._annotate(ex, sel, notes, decision, charge, now)
+        if not decision.admitted:
+            raise self._exceeded(ex, decision, charge, now)
+        self._prepare_stream(ex, ticket, decision.ledger, now)
+        return hit.reply if hit is not None else None
+
+    def _selection(self, ex: Exchange, baggage: dict[str, str]) -> Selection:
+        task_id = ex.task.id  # type: ignore[union-attr]
+        sel = self._profiles.get(task_id)
+        if sel is None or (baggage.get(bm.BAGGAGE_PROFILE) not in (None, sel.profile) and sel.source != "task"):
+            call = ex.call
+            classify = self.classify if self.cfg.classes else None
+            sel = bm.select_profile(self.cfg, ex.route.upstream.name, ex.headers, baggage,
+                                    bm.first_query(call.prompt_texts, call.query), classify)
+            self._remember(task_id, sel)
+        else:
+            self._profiles.move_to_end(task_id)
+        return sel
+
+    def _remember(self, task_id: str, sel: Selection) -> None:
+        self._profiles[task_id] = sel
+        while len(self._profiles) > MAX_CACHED_PROFILES:
+            self._profiles.popitem(last=False)
+
+    def _limits(self, profile: str, baggage: dict[str, str], task_id: str, now_ms: int) -> tuple[dict[str, int], list[str]]:
+        raises: dict[str, float] = {}
+        notes: list[str] = []
+        if _verify is not None and any(k.startswith(bm.BAGGAGE_PREFIX) for k in baggage):
+            raises, sig_notes = _verify(baggage, task_id, self.hmac_key, now_ms / 1000)
+            notes.extend(sig_notes)
+        limits, lim_notes = bm.effective_limits(self.cfg.profiles[profile], baggage, raises)
+        return bm.to_units(limits), notes + lim_notes
+
+    def _shadow(self, profile: str) -> bool:
+        mode = self.cfg.profiles[profile].mode or self.cfg.mode
+        return mode == "shadow"
+
+    async def _reserve(self, task_id: str, sel: Selection, limits: dict[str, int], charge: Charge,
+                       now: int) -> Decision:
+        meta = TaskMeta(sel.profile, sel.cls, "")
+        return await self.store.reserve(task_id, meta, limits, charge, now, self._shadow(sel.profile))
+
+    def _charge(self, ex: Exchange, cache_hit: bool) -> Charge:
+        call, up = ex.call, ex.route.upstream
+        certain = reserve = 0.0
+        if self.prices is not None and not cache_hit:
+            default = self.cfg.default_max_output_tokens
+            total = self.prices.estimate(up, call, default).usd
+            if call.operation in bm.LLM_OPERATIONS:
+                certain = self.prices.estimate(up, dataclasses.replace(call, max_output_tokens=0), 0).usd
+                reserve = max(0.0, total - certain)
+            else:
+                certain = total
+        key = getattr(call, "query_key", None) or bm.query_key_of(call.query)
+        return bm.charge_for(up.kind, call.operation, prompt_tokens=call.prompt_tokens,
+                             max_output_tokens=call.max_output_tokens,
+                             default_max_output_tokens=self.cfg.default_max_output_tokens,
+                             cost_certain_usd=certain, cost_reserve_usd=reserve, query_key=key, cache_hit=cache_hit)
+
+    def _store_failed(self, ex: Exchange, exc: BaseException, hit: Any) -> Reply | None:
+        reason = f"budget store failed: {type(exc).__name__}: {str(exc)[:200]}"
+        if ex.span is not None:
+            ex.span.set_attribute(sc.DEGRADED, True)
+            ex.span.add_event(sc.EVENT_DEGRADED, {"reason": reason, "on_store_error": self.settings.on_store_error})
+        if self.settings.on_store_error == "closed":
+            raise StoreUnavailable(
+                "the budget store did not answer in time and on_store_error is closed; the call was not forwarded",
+                store=_safe_store_name(self.settings.store),
+            ) from exc
+        ex.state["budget_degraded"] = reason
+        return hit.reply if hit is not None else None
+
+    def _annotate(self, ex: Exchange, sel: Selection, notes: list[str], d: Decision, charge: Charge, now: int) -> None:
+        ticket: Ticket = ex.state["budget"]
+        ledger = d.ledger
+        charged = charge if d.admitted else None
+        left = bm.remaining(ticket.limits, ledger, charged, now)
+        if left:
+            ex.response_headers.append((REMAINING_HEADER, bm.sf_dictionary(left)))
+        warn = bm.warnings(ticket.limits, ledger, charged, now, self.cfg.warn_fraction)
+        if warn:
+            ex.response_headers.append((WARNING_HEADER, bm.sf_dictionary({k: round(v, 3) for k, v in warn.items()})))
+        if ticket.shadow and d.dimension:
+            ex.response_headers.append((WOULD_REJECT_HEADER, d.dimension.encode()))
+        span = ex.span
+        if span is None or not span.is_recording():
+            return
+        attrs: dict[str, Any] = {sc.PROFILE: sel.profile, sc.PROFILE_SOURCE: sel.source,
+                                 sc.BUDGET_MODE: "shadow" if ticket.shadow else "enforce",
+                                 sc.BUDGET_EXCEEDED: not d.admitted}
+        if sel.cls:
+            attrs[sc.QUERY_CLASS] = sel.cls
+            attrs[sc.QUERY_CLASS_REASON] = sel.reason[:300]
+        all_notes = list(sel.notes) + notes
+        if all_notes:
+            attrs[sc.BUDGET_NOTES] = all_notes[:20]
+        if charge.query_key is not None:
+            attrs[sc.QUERY_NEW] = d.reservation.new_query
+        for dim, limit in ticket.limits.items():
+            attrs[sc.budget_limit(dim)] = bm.usd(limit) if dim == "max_cost_usd" else limit
+            attrs[sc.budget_used(dim)] = bm.used_value(dim, ledger, charged, now)
+            attrs[sc.budget_remaining(dim)] = left[dim]
+        if d.dimension:
+            attrs[sc.BUDGET_EXCEEDED_DIMENSION if not ticket.shadow else sc.BUDGET_WOULD_REJECT] = d.dimension
+        span.set_attributes(attrs)
+        if d.admitted:
+            span.add_event(sc.EVENT_CHARGE, {k: v for k, v in (
+                ("steps", charge.steps), ("calls", charge.calls), ("retrieval_calls", charge.retrieval_calls),
+                ("rerank_calls", charge.rerank_calls), ("context_tokens", charge.context_tokens),
+                ("completion_tokens_reserved", charge.completion_reserve),
+                ("cost_usd_reserved", bm.usd(charge.cost)), ("unique_queries", int(d.reservation.new_query)),
+                ("cache_hit", charge.cache_hit)) if v})
+        for dim, share in warn.items():
+            span.add_event(sc.EVENT_WARNING, {"dimension": dim, "used_fraction": round(share, 4)})
+        if d.dimension:
+            limit = ticket.limits[d.dimension]
+            span.add_event(sc.EVENT_EXCEEDED, {
+                "dimension": d.dimension, "limit": bm.usd(limit) if d.dimension == "max_cost_usd" else limit,
+                "used": bm.used_value(d.dimension, ledger, charge if d.dimension == "max_prompt_tokens" else None, now),
+                "mode": "shadow" if ticket.shadow else "enforce", "would_reject": ticket.shadow})
+            if self._rejections is not None:
+                self._rejections.add(1, {"dimension": d.dimension, "profile": sel.profile,
+                                         "mode": "shadow" if ticket.shadow else "enforce"})
+
+    def _exceeded(self, ex: Exchange, d: Decision, charge: Charge, now: int) -> BudgetExceeded:
+        ticket: Ticket = ex.state["budget"]
+        dim = d.dimension or "unknown"
+        limit_u = ticket.limits.get(dim, 0)
+        limit = bm.usd(limit_u) if dim == "max_cost_usd" else limit_u
+        used = bm.used_value(dim, d.ledger, charge if dim == "max_prompt_tokens" else None, now)
+        if dim == "max_cost_usd":
+            used = round(used, 9)
+        task_id = ex.task.id if ex.task else ""
+        return BudgetExceeded(
+            f"budget exhausted: {dim} limit {limit:g}, used {used:g} (profile {ticket.profile!r}, task {task_id!r}); "
+            "this task may not make more calls of this kind",
+            status=self.cfg.reject_status, dimension=dim, limit=limit, used=used, profile=ticket.profile,
+            task_id=task_id,
+        )
+
+    def _prepare_stream(self, ex: Exchange, ticket: Ticket, ledger: Ledger, now: int) -> None:
+        """Allowances for mid-stream enforcement, and the upstream timeout clamped to the deadline."""
+        limits, charge = ticket.limits, ticket.charge
+        deadline = limits.get("max_latency_ms")
+        if deadline is not None and ledger.started_ms and not ticket.shadow:
+            ticket.deadline_ms = ledger.started_ms + deadline
+            left_s = max(0.001, (ticket.deadline_ms - now) / 1000)
+            t = ex.timeouts or ex.route.upstream.timeouts
+            ex.timeouts = dataclasses.replace(t, connect=min(t.connect, left_s), read=min(t.read, left_s),
+                                              write=min(t.write, left_s), pool=min(t.pool, left_s))
+        if not ex.call.stream or charge.completion_reserve <= 0:
+            return
+        comp = limits.get("max_completion_tokens")
+        if comp is not None:
+            ticket.token_allowance = max(0, comp - (ledger.used("completion_tokens") - charge.completion_reserve))
+        cost = limits.get("max_cost_usd")
+        if cost is not None and self.prices is not None and ex.call.operation in bm.LLM_OPERATIONS:
+            up, call = ex.route.upstream, ex.call
+            base = self.prices.estimate(up, dataclasses.replace(call, max_output_tokens=0), 0).usd
+            per_m = self.prices.estimate(up, dataclasses.replace(call, max_output_tokens=1_000_000), 0).usd
+            ticket.out_price_nusd = max(0.0, per_m - base) * bm.NANO / 1_000_000
+            before = ledger.used("cost_nusd") - charge.cost
+            ticket.cost_allowance = max(0, cost - before - charge.cost_certain)
+
+    # --- while streaming ----------------------------------------------------------------------------
+
+    def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None:
+        ticket: Ticket | None = ex.state.get("budget")
+        if ticket is None or not ticket.admitted or not ex.call.stream or ticket.cut:
+            return None
+        seen = ex.observation.output_tokens_seen
+        dim = None
+        if ticket.token_allowance is not None and seen > ticket.token_allowance:
+            dim = "max_completion_tokens"
+        elif ticket.cost_allowance is not None and seen * ticket.out_price_nusd > ticket.cost_allowance:
+            dim = "max_cost_usd"
+        elif ticket.deadline_ms is not None and self._wall_ms() >= ticket.deadline_ms:
+            dim = "max_latency_ms"
+        if dim is None:
+            ticket.tail_clean = chunk.endswith(b"\n\n") or (not chunk and ticket.tail_clean)
+            return None
+        if ticket.shadow:  # record once what enforcement would have done; never cut
+            ticket.cut = dim
+            if ex.span is not None:
+                ex.span.set_attribute(sc.BUDGET_WOULD_REJECT, dim)
+                ex.span.add_event(sc.EVENT_EXCEEDED, {"dimension": dim, "stream_cut": False, "would_reject": True,
+                                                      "mode": "shadow", "output_tokens_seen": seen})
+            return None
+        ticket.cut = dim
+        if ex.span is not None:
+            ex.span.set_attribute(sc.BUDGET_STREAM_CUT, dim)
+            ex.span.add_event(sc.EVENT_EXCEEDED, {"dimension": dim, "stream_cut": True, "mode": "enforce",
+                                                  "output_tokens_seen": seen})
+        prefix = b""
+        if not ticket.tail_clean:  # finish the event the client is in the middle of
+            end = chunk.find(b"\n\n")
+            prefix = chunk[: end + 2] if end >= 0 else b"\n\n"
+        return prefix + stream_end(ex.route.adapter.error_style, ex.observation.response_model or ex.call.model, seen)
+
+    # --- after the response ------------------------------------------------------------------------
+
+    async def on_end(self, ex: Exchange) -> None:
+        ticket: Ticket | None = ex.state.get("budget")
+        if ticket is None or not ticket.admitted or ex.task is None:
+            return
+        actual = self._actual(ex, ticket)
+        try:
+            async with asyncio.timeout(self.timeout):
+                ledger = await self.store.settle(ex.task.id, ticket.reservation, actual, self._wall_ms())
+        except Exception as exc:
+            if ex.span is not None:
+                ex.span.set_attribute(sc.DEGRADED, True)
+                ex.span.add_event(sc.EVENT_DEGRADED, {"reason": f"settle failed: {type(exc).__name__}"})
+            return
+        span = ex.span
+        if span is None or not span.is_recording():
+            return
+        span.set_attribute(sc.COST_USD, bm.usd(actual.cost_nusd))
+        if ledger is not None:
+            now = self._wall_ms()
+            left = bm.remaining(ticket.limits, ledger, None, now)
+            for dim in ("max_context_tokens", "max_completion_tokens", "max_cost_usd", "max_stalled_retrievals"):
+                if dim in ticket.limits:
+                    span.set_attribute(sc.budget_used(dim), bm.used_value(dim, ledger, None, now))
+                    span.set_attribute(sc.budget_remaining(dim), left[dim])
+        if actual.chunk_ids is not None and ledger is not None:
+            span.set_attribute(sc.EVIDENCE_STALLED, ledger.used("stalled"))
+
+    def _actual(self, ex: Exchange, ticket: Ticket) -> Actual:
+        """The call's real use. Unknown pieces keep what was counted or reserved (never less)."""
+        res, call, obs = ticket.reservation, ex.call, ex.observation
+        if ticket.charge.cache_hit:
+            return Actual()
+        if ex.status is None or ex.status >= 400:  # no answer, or an error answer: nothing was produced
+            return Actual()
+        u = obs.usage
+        context = u.input_tokens if u and u.input_tokens is not None else res.context_tokens
+        if u and u.output_tokens is not None:
+            completion = u.output_tokens
+        elif call.stream:
+            completion = obs.output_tokens_seen
+        else:
+            completion = res.completion_tokens
+        cost = res.cost_nusd
+        if self.prices is not None:
+            c = self.prices.actual(ex.route.upstream, call, obs)
+            if c.known or call.operation not in bm.LLM_OPERATIONS:
+                cost = round(c.usd * bm.NANO)
+        chunks = None
+        if call.operation == "retrieval" and obs.chunks is not None:
+            chunks = tuple(ch.id for ch in obs.chunks)
+        if ticket.charge.completion_reserve == 0:
+            context, completion = 0, 0  # not an LLM call: its tokens are not the task's context
+        return Actual(context, completion, cost, chunks)
+
+
+def stream_end(style: str, model: str | None, seen: int) -> bytes:
+    """Bytes that end an SSE stream cleanly as if the model had hit its token limit."""
+    if style == "anthropic":
+        delta = {"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+                 "usage": {"output_tokens": seen}}
+        return (b"event: message_delta\ndata: " + orjson.dumps(delta) + b"\n\n"
+                b"event: message_stop\ndata: " + orjson.dumps({"type": "message_stop"}) + b"\n\n")
+    chunk = {"id": "chatcmpl-ragtoll-budget", "object": "chat.completion.chunk", "created": int(time.time()),
+             "model": model or "", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+    return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+
+
+def _safe_store_name(url: str) -> str:
+    """The store URL without credentials, for error bodies."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else url

@@ -1,0 +1,123 @@
+"""The in-process budget store (embedded default): one dict of task ledgers in this event loop.
+
+Atomic because no method awaits between reading and writing a ledger; the admit rule is
+`budget.first_exceeded`, the same one the Redis script mirrors. Idle tasks are ended by the
+app's sweeper; `max_tasks` bounds memory by ending the least recently used task first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..budget import Actual, Charge, Ledger, Reservation, apply_charge, first_exceeded
+from .base import Decision, TaskMeta
+
+DEFAULT_MAX_TASKS = 200_000
+STALE_INFLIGHT_MS = 15 * 60 * 1000
+
+
+@dataclass(slots=True)
+class _Task:
+    ledger: Ledger
+    queries: set[str] = field(default_factory=set)
+    chunks: set[str] = field(default_factory=set)
+
+
+class MemoryStore:
+    def __init__(self, max_tasks: int = DEFAULT_MAX_TASKS) -> None:
+        self._tasks: OrderedDict[str, _Task] = OrderedDict()
+        self._max_tasks = max_tasks
+        self.evicted = 0
+
+    async def reserve(self, task_id: str, meta: TaskMeta, limits: Mapping[str, int], charge: Charge,
+                      now_ms: int, shadow: bool = False) -> Decision:
+        task = self._tasks.get(task_id)
+        if task is None:
+            task = _Task(Ledger(task_id, meta.profile, meta.cls, meta.route, started_ms=now_ms, last_ms=now_ms))
+            self._tasks[task_id] = task
+            while len(self._tasks) > self._max_tasks:
+                self._tasks.popitem(last=False)
+                self.evicted += 1
+        else:
+            self._tasks.move_to_end(task_id)
+        ledger = task.ledger
+        if ledger.profile != meta.profile:
+            return Decision(False, None, _copy(ledger), Reservation(), profile_conflict=ledger.profile)
+        ledger.last_ms = now_ms
+        new_query = charge.query_key is not None and charge.query_key not in task.queries
+        dim = first_exceeded(limits, ledger, charge, new_query, now_ms)
+        if dim is not None:
+            book = ledger.shadow_rejections if shadow else ledger.rejections
+            book[dim] = book.get(dim, 0) + 1
+            if not shadow:
+                if ledger.exhausted is None:
+                    ledger.exhausted = dim
+                return Decision(False, dim, _copy(ledger), Reservation())
+        if new_query:
+            task.queries.add(charge.query_key)  # type: ignore[arg-type]
+        reservation = apply_charge(ledger, charge, new_query, now_ms)
+        ledger.counters["inflight"] = ledger.counters.get("inflight", 0) + 1
+        return Decision(True, dim, _copy(ledger), reservation)
+
+    async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
+        task = self._tasks.get(task_id)
+        if task is None:
+            return None
+        self._tasks.move_to_end(task_id)
+        c = task.ledger.counters
+        c["inflight"] = max(0, c.get("inflight", 0) - 1)
+        for name, delta in (("context_tokens", actual.context_tokens - reservation.context_tokens),
+                            ("completion_tokens", actual.completion_tokens - reservation.completion_tokens),
+                            ("cost_nusd", actual.cost_nusd - reservation.cost_nusd)):
+            if delta:
+                c[name] = c.get(name, 0) + delta
+        if actual.chunk_ids is not None:
+            before = len(task.chunks)
+            task.chunks.update(actual.chunk_ids)
+            c["stalled"] = 0 if len(task.chunks) > before else c.get("stalled", 0) + 1
+            task.ledger.chunks_seen = len(task.chunks)
+        task.ledger.last_ms = max(task.ledger.last_ms, now_ms)
+        return _copy(task.ledger)
+
+    async def get_task(self, task_id: str) -> Ledger | None:
+        task = self._tasks.get(task_id)
+        return None if task is None else _copy(task.ledger)
+
+    async def end_task(self, task_id: str, idle_before_ms: int | None = None) -> Ledger | None:
+        task = self._tasks.get(task_id)
+        if task is None or (idle_before_ms is not None and not _idle(task.ledger, idle_before_ms)):
+            return None
+        del self._tasks[task_id]
+        return task.ledger
+
+    async def idle_tasks(self, idle_before_ms: int) -> list[str]:
+        # OrderedDict is in least-recently-used order, so the scan stops at the first active task
+        out = []
+        for task_id, task in self._tasks.items():
+            if task.ledger.last_ms >= idle_before_ms:
+                break
+            if _idle(task.ledger, idle_before_ms):
+                out.append(task_id)
+        return out
+
+    async def ping(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _idle(ledger: Ledger, idle_before_ms: int) -> bool:
+    """No call since `idle_before_ms` and none in flight (a call in flight for longer than
+    STALE_INFLIGHT_MS is presumed lost with its replica)."""
+    if ledger.last_ms >= idle_before_ms:
+        return False
+    return ledger.counters.get("inflight", 0) <= 0 or ledger.last_ms < idle_before_ms - STALE_INFLIGHT_MS
+
+
+def _copy(ledger: Ledger) -> Ledger:
+    return Ledger(ledger.task_id, ledger.profile, ledger.cls, ledger.route, ledger.started_ms, ledger.last_ms,
+                  dict(ledger.counters), dict(ledger.rejections), dict(ledger.shadow_rejections),
+                  ledger.exhausted, ledger.chunks_seen)

@@ -1,0 +1,184 @@
+"""The Redis budget store: one server-side script per reserve and one per settle (one round trip each).
+
+All keys of a task share the hash tag `ragtoll:{t:<blake2b of the task id>}:` so each script
+touches one slot and runs unchanged on Redis Cluster; hashing keeps odd bytes in task ids away
+from other keys. Every key gets a TTL on every write. The only module that imports `redis`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.resources
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import NoScriptError
+
+from ..budget import Actual, Charge, Ledger, Reservation
+from ..config import DIMENSIONS
+from .base import Decision, TaskMeta
+
+STALE_INFLIGHT_MS = 15 * 60 * 1000
+MAX_LOCAL_TASKS = 200_000
+_TEXT_FIELDS = frozenset({"task_id", "profile", "class", "route", "exhausted"})
+
+
+def _script(name: str) -> tuple[str, str]:
+    text = importlib.resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text("utf-8")
+    return text, hashlib.sha1(text.encode()).hexdigest()
+
+
+def task_keys(task_id: str) -> tuple[str, str, str]:
+    """(hash, unique-query set, chunk set) keys of a task, all under one hash tag."""
+    tag = hashlib.blake2b(task_id.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
+    base = f"ragtoll:{{t:{tag}}}:"
+    return base + "h", base + "q", base + "c"
+
+
+class RedisStore:
+    """`url`: redis://, rediss://, unix:// or redis+cluster://host:port (a seed node)."""
+
+    def __init__(self, url: str, *, timeout_s: float = 0.25, ttl_s: int = 86_400,
+                 records_stream: str = "ragtoll:records", records_maxlen: int = 100_000) -> None:
+        self.url = url
+        self.ttl_s = ttl_s
+        self.records_stream = records_stream
+        self.records_maxlen = records_maxlen
+        common: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+        self.client: Any
+        if url.startswith("redis+cluster://"):
+            self.client = RedisCluster.from_url("redis://" + url[len("redis+cluster://"):], **common)
+        else:
+            # one retry on a fresh connection covers a pooled socket the server closed; no backoff
+            self.client = aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 1), **common)
+        self._reserve = _script("reserve")
+        self._settle = _script("settle")
+        self._end = _script("end")
+        # tasks this process has served, for the idle sweep (no global key: it would break Cluster slots)
+        self._local: OrderedDict[str, int] = OrderedDict()
+
+    async def _run(self, script: tuple[str, str], keys: tuple[str, ...], args: list[Any]) -> Any:
+        text, sha = script
+        try:
+            return await self.client.evalsha(sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self.client.eval(text, len(keys), *keys, *args)  # first use on this node
+
+    def _touch(self, task_id: str, now_ms: int) -> None:
+        self._local[task_id] = now_ms
+        self._local.move_to_end(task_id)
+        while len(self._local) > MAX_LOCAL_TASKS:
+            self._local.popitem(last=False)
+
+    async def reserve(self, task_id: str, meta: TaskMeta, limits: Mapping[str, int], charge: Charge,
+                      now_ms: int, shadow: bool = False) -> Decision:
+        h, q, c = task_keys(task_id)
+        args: list[Any] = [
+            task_id, meta.profile, meta.cls, meta.route, now_ms, self.ttl_s, 1 if shadow else 0,
+            charge.query_key or "", charge.steps, charge.calls, charge.retrieval_calls, charge.rerank_calls,
+            charge.context_tokens, charge.prompt_tokens, charge.completion_reserve, charge.cost_certain,
+            charge.cost_reserve, 1 if charge.cache_hit else 0,
+        ]
+        args.extend(limits.get(d, -1) for d in DIMENSIONS)
+        out = await self._run(self._reserve, (h, q, c), args)
+        self._touch(task_id, now_ms)
+        status = out[0].decode()
+        if status == "conflict":
+            return Decision(False, None, Ledger(task_id), Reservation(), profile_conflict=out[1].decode())
+        dim = out[1].decode() or None
+        ledger = _ledger(task_id, out[3:])
+        if status == "reject":
+            return Decision(False, dim, ledger, Reservation())
+        new_query = int(out[2]) == 1
+        return Decision(True, dim, ledger, Reservation(charge.context_tokens, charge.completion_reserve,
+                                                        charge.cost, new_query))
+
+    async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
+        h, q, c = task_keys(task_id)
+        args: list[Any] = [
+            now_ms, self.ttl_s, actual.context_tokens - reservation.context_tokens,
+            actual.completion_tokens - reservation.completion_tokens, actual.cost_nusd - reservation.cost_nusd,
+            0 if actual.chunk_ids is None else 1, *(actual.chunk_ids or ()),
+        ]
+        out = await self._run(self._settle, (h, c, q), args)
+        if not out:
+            self._local.pop(task_id, None)
+            return None
+        self._touch(task_id, now_ms)
+        return _ledger(task_id, out)
+
+    async def get_task(self, task_id: str) -> Ledger | None:
+        out = await self.client.hgetall(task_keys(task_id)[0])
+        if not out:
+            return None
+        flat: list[bytes] = []
+        for k, v in out.items():
+            flat.extend((k, v))
+        return _ledger(task_id, flat)
+
+    async def end_task(self, task_id: str, idle_before_ms: int | None = None) -> Ledger | None:
+        out = await self._run(self._end, task_keys(task_id),
+                              [-1 if idle_before_ms is None else idle_before_ms, STALE_INFLIGHT_MS])
+        status = out[0].decode()
+        if status == "active":
+            self._local[task_id] = int(out[1])  # another replica served it since: check again later
+            return None
+        self._local.pop(task_id, None)
+        return _ledger(task_id, out[1:]) if status == "ended" else None
+
+    async def idle_tasks(self, idle_before_ms: int) -> list[str]:
+        return [t for t, last in self._local.items() if last < idle_before_ms]
+
+    async def ping(self) -> None:
+        await self.client.ping()
+
+    async def append_record(self, record: Mapping[str, Any]) -> None:
+        """Append a task record to the records stream (trimmed to about `records_maxlen`)."""
+        await self.client.xadd(self.records_stream, {"record": orjson.dumps(record)},
+                               maxlen=self.records_maxlen, approximate=True)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _ledger(task_id: str, flat: list[bytes]) -> Ledger:
+    ledger = Ledger(task_id)
+    for i in range(0, len(flat) - 1, 2):
+        key = flat[i].decode()
+        raw = flat[i + 1]
+        if key in _TEXT_FIELDS:
+            text = raw.decode("utf-8", "replace")
+            if key == "task_id":
+                ledger.task_id = text
+            elif key == "profile":
+                ledger.profile = text
+            elif key == "class":
+                ledger.cls = text
+            elif key == "route":
+                ledger.route = text
+            else:
+                ledger.exhausted = text or None
+        elif key == "started_ms":
+            ledger.started_ms = int(raw)
+        elif key == "last_ms":
+            ledger.last_ms = int(raw)
+        elif key == "chunks_seen":
+            ledger.chunks_seen = int(raw)
+        elif key.startswith("rej:"):
+            ledger.rejections[key[4:]] = int(raw)
+        elif key.startswith("srej:"):
+            ledger.shadow_rejections[key[5:]] = int(raw)
+        else:
+            ledger.counters[key] = int(raw)
+    return ledger
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

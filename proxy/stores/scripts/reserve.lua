@@ -1,0 +1,87 @@
+-- ragtoll budget reserve: check every dimension and charge one call, atomically, in one round trip.
+-- Mirrors budget.first_exceeded / apply_charge (the memory store); keep the two in step.
+-- KEYS: 1 task hash, 2 unique-query set, 3 chunk set (TTL only). All share the task's hash tag.
+-- ARGV: 1 task_id 2 profile 3 class 4 route 5 now_ms 6 ttl_s 7 shadow(0|1) 8 query_key ('' = none)
+--       9 steps 10 calls 11 retrieval_calls 12 rerank_calls 13 context_tokens 14 prompt_tokens
+--       15 completion_reserve 16 cost_certain 17 cost_reserve 18 cache_hit(0|1)
+--       19..29 limits in DIMENSIONS order (-1 = unlimited)
+-- Returns {'conflict', stored_profile} | {'reject'|'ok', dimension|'', new_query(0|1), HGETALL...}
+local h, q, c = KEYS[1], KEYS[2], KEYS[3]
+local now = tonumber(ARGV[5])
+local ttl = tonumber(ARGV[6])
+local shadow = ARGV[7] == '1'
+local qk = ARGV[8]
+
+local profile = redis.call('HGET', h, 'profile')
+if not profile then
+  redis.call('HSET', h, 'task_id', ARGV[1], 'profile', ARGV[2], 'class', ARGV[3], 'route', ARGV[4],
+             'started_ms', now)
+elseif profile ~= ARGV[2] then
+  return {'conflict', profile}
+end
+redis.call('HSET', h, 'last_ms', now)
+
+local u = redis.call('HMGET', h, 'steps', 'calls', 'retrieval_calls', 'unique_queries', 'rerank_calls',
+                     'context_tokens', 'completion_tokens', 'cost_nusd', 'stalled', 'started_ms')
+for i = 1, 10 do u[i] = tonumber(u[i] or '0') end
+local steps, calls, retr, rer = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local ctx, prompt, comp = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
+local cost_certain, cost_reserve = tonumber(ARGV[16]), tonumber(ARGV[17])
+local cost = cost_certain + cost_reserve
+
+local newq = 0
+if qk ~= '' and redis.call('SISMEMBER', q, qk) == 0 then newq = 1 end
+
+local function lim(i) local v = tonumber(ARGV[18 + i]); if v < 0 then return nil end; return v end
+local function over(i, bad) return lim(i) ~= nil and bad(lim(i)) end
+local dims = {'max_steps', 'max_calls', 'max_retrieval_calls', 'max_unique_queries', 'max_rerank_calls',
+              'max_context_tokens', 'max_prompt_tokens', 'max_completion_tokens', 'max_cost_usd',
+              'max_latency_ms', 'max_stalled_retrievals'}
+local checks = {
+  function(l) return steps > 0 and u[1] + steps > l end,
+  function(l) return calls > 0 and u[2] + calls > l end,
+  function(l) return retr > 0 and u[3] + retr > l end,
+  function(l) return newq == 1 and u[4] + 1 > l end,
+  function(l) return rer > 0 and u[5] + rer > l end,
+  function(l) return ctx > 0 and u[6] + ctx > l end,
+  function(l) return prompt > l end,
+  function(l) return comp > 0 and u[7] >= l end,
+  function(l) return cost > 0 and (u[8] + cost_certain > l or u[8] >= l) end,
+  function(l) return u[10] > 0 and now - u[10] >= l end,
+  function(l) return retr > 0 and u[9] >= l end,
+}
+local dim = ''
+for i = 1, 11 do
+  if over(i, checks[i]) then dim = dims[i]; break end
+end
+
+local function expire_all()
+  redis.call('EXPIRE', h, ttl)
+  redis.call('EXPIRE', q, ttl)
+  redis.call('EXPIRE', c, ttl)
+end
+
+if dim ~= '' and not shadow then
+  redis.call('HINCRBY', h, 'rej:' .. dim, 1)
+  redis.call('HSETNX', h, 'exhausted', dim)
+  expire_all()
+  local out = {'reject', dim, 0}
+  for _, v in ipairs(redis.call('HGETALL', h)) do out[#out + 1] = v end
+  return out
+end
+if dim ~= '' then redis.call('HINCRBY', h, 'srej:' .. dim, 1) end
+
+local adds = {{'steps', steps}, {'calls', calls}, {'retrieval_calls', retr}, {'rerank_calls', rer},
+              {'context_tokens', ctx}, {'completion_tokens', comp}, {'cost_nusd', cost}, {'inflight', 1}}
+if ARGV[18] == '1' then adds[#adds + 1] = {'cache_hits', 1} end
+for _, a in ipairs(adds) do
+  if a[2] ~= 0 then redis.call('HINCRBY', h, a[1], a[2]) end
+end
+if newq == 1 then
+  redis.call('SADD', q, qk)
+  redis.call('HINCRBY', h, 'unique_queries', 1)
+end
+expire_all()
+local out = {'ok', dim, newq}
+for _, v in ipairs(redis.call('HGETALL', h)) do out[#out + 1] = v end
+return out

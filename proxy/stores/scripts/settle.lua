@@ -1,0 +1,35 @@
+-- ragtoll budget settle: replace a call's reservation with its actual use, track evidence novelty.
+-- KEYS: 1 task hash, 2 chunk set, 3 unique-query set (TTL only).
+-- ARGV: 1 now_ms 2 ttl_s 3 d_context 4 d_completion 5 d_cost 6 has_chunks(0|1) 7.. chunk ids
+-- Returns false when the task is gone (ended meanwhile), else HGETALL of the task hash.
+local h, c, q = KEYS[1], KEYS[2], KEYS[3]
+if redis.call('EXISTS', h) == 0 then return false end
+local now, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+local deltas = {{'context_tokens', tonumber(ARGV[3])}, {'completion_tokens', tonumber(ARGV[4])},
+                {'cost_nusd', tonumber(ARGV[5])}, {'inflight', -1}}
+for _, d in ipairs(deltas) do
+  if d[2] ~= 0 then redis.call('HINCRBY', h, d[1], d[2]) end
+end
+if tonumber(redis.call('HGET', h, 'inflight') or '0') < 0 then redis.call('HSET', h, 'inflight', 0) end
+if ARGV[6] == '1' then
+  local added = 0
+  local n = #ARGV
+  local i = 7
+  while i <= n do  -- SADD in batches: Lua's unpack has a stack limit
+    local j = math.min(i + 999, n)
+    added = added + redis.call('SADD', c, unpack(ARGV, i, j))
+    i = j + 1
+  end
+  if added > 0 then
+    redis.call('HSET', h, 'stalled', 0)
+  else
+    redis.call('HINCRBY', h, 'stalled', 1)
+  end
+  redis.call('HSET', h, 'chunks_seen', redis.call('SCARD', c))
+end
+local last = tonumber(redis.call('HGET', h, 'last_ms') or '0')
+if now > last then redis.call('HSET', h, 'last_ms', now) end
+redis.call('EXPIRE', h, ttl)
+redis.call('EXPIRE', c, ttl)
+redis.call('EXPIRE', q, ttl)
+return redis.call('HGETALL', h)

@@ -20,6 +20,7 @@ GEN_AI_USAGE_CACHED_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
 GEN_AI_USAGE_REASONING_TOKENS = "gen_ai.usage.reasoning.output_tokens"
 GEN_AI_DATA_SOURCE_ID = "gen_ai.data_source.id"
 GEN_AI_CONVERSATION_ID = "gen_ai.conversation.id"
+GEN_AI_TOKEN_TYPE = "gen_ai.token.type"  # metric attribute: input | output
 
 HTTP_REQUEST_METHOD = "http.request.method"
 HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
@@ -32,6 +33,8 @@ SERVER_ADDRESS = "server.address"
 TASK_ID = "ragtoll.task.id"
 TASK_SOURCE = "ragtoll.task.source"
 TASK_NOTES = "ragtoll.task.notes"
+TASK_END_REASON = "ragtoll.task.end_reason"  # explicit | idle | exceeded | expired
+TASK_CALLS = "ragtoll.task.calls"  # ragtoll.task summary span: calls of the task
 UPSTREAM = "ragtoll.upstream"
 UPSTREAM_KIND = "ragtoll.upstream.kind"
 PROFILE = "ragtoll.budget.profile"

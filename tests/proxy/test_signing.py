@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from ragtoll.proxy.config import DIMENSIONS
 from ragtoll.proxy.errors import ConfigError
 from ragtoll.proxy.signing import (
@@ -38,7 +37,9 @@ def members_of(baggage: str) -> dict[str, str]:
     return dict(members)
 
 
-def signed(limits: dict[str, float], task: str = "task-1", exp: float = EXP, key: bytes = KEY) -> dict[str, str]:
+def signed(
+    limits: dict[str, float], task: str = "task-1", exp: float = EXP, key: bytes = KEY
+) -> dict[str, str]:
     return members_of(sign_budget(task, limits, key, exp))
 
 
@@ -50,7 +51,10 @@ def test_signed_raise_verifies_and_is_also_a_valid_request() -> None:
     assert baggage.startswith("ragtoll.budget.max_cost_usd=1.5,ragtoll.budget.max_steps=40,")
     assert f"{EXP_KEY}={EXP}" in baggage and f"{SIG_KEY}=" in baggage
     members = members_of(baggage)
-    assert verify_budget_baggage(members, "task-1", KEY, NOW) == ({"max_steps": 40.0, "max_cost_usd": 1.5}, [])
+    assert verify_budget_baggage(members, "task-1", KEY, NOW) == (
+        {"max_steps": 40.0, "max_cost_usd": 1.5},
+        [],
+    )
     assert requested_limits(members) == ({"max_steps": 40.0, "max_cost_usd": 1.5}, [])
 
 
@@ -73,7 +77,10 @@ def test_canonical_string_covers_task_expiry_and_sorted_limits() -> None:
         (lambda m: m.update({PREFIX + "max_calls": "100"}), "bad signature"),
         (lambda m: m.pop(PREFIX + "max_cost_usd"), "bad signature"),
         (lambda m: m.update({EXP_KEY: str(EXP + 3600)}), "bad signature"),
-        (lambda m: m.update({SIG_KEY: m[SIG_KEY][:-1] + ("A" if m[SIG_KEY][-1] != "A" else "B")}), "bad signature"),
+        (
+            lambda m: m.update({SIG_KEY: m[SIG_KEY][:-1] + ("A" if m[SIG_KEY][-1] != "A" else "B")}),
+            "bad signature",
+        ),
         (lambda m: m.update({SIG_KEY: "not base64!"}), "malformed ragtoll.budget.sig"),
         (lambda m: m.update({EXP_KEY: "soon"}), "malformed ragtoll.budget.exp"),
         (lambda m: m.update({PREFIX + "max_steps": "-1"}), "max_steps negative value"),
@@ -90,21 +97,33 @@ def test_modified_baggage_never_verifies(change: object, note: str) -> None:
 
 def test_signature_is_bound_to_task_and_key() -> None:
     members = signed({"max_steps": 40})
-    assert verify_budget_baggage(members, "task-2", KEY, NOW) == ({}, ["signed budget ignored: bad signature"])
+    assert verify_budget_baggage(members, "task-2", KEY, NOW) == (
+        {},
+        ["signed budget ignored: bad signature"],
+    )
     other = b"x" * 32
-    assert verify_budget_baggage(members, "task-1", other, NOW) == ({}, ["signed budget ignored: bad signature"])
+    assert verify_budget_baggage(members, "task-1", other, NOW) == (
+        {},
+        ["signed budget ignored: bad signature"],
+    )
 
 
 def test_expired_signature_is_ignored_with_a_note() -> None:
     members = signed({"max_steps": 40})
-    assert verify_budget_baggage(members, "task-1", KEY, EXP) == ({}, [f"signed budget ignored: expired at {EXP}"])
+    assert verify_budget_baggage(members, "task-1", KEY, EXP) == (
+        {},
+        [f"signed budget ignored: expired at {EXP}"],
+    )
     assert verify_budget_baggage(members, "task-1", KEY, EXP - 1)[0] == {"max_steps": 40.0}
     assert verify_budget_baggage(members, "task-1", KEY, math.nan)[0] == {}
 
 
 def test_missing_key_and_unsigned_baggage() -> None:
     members = signed({"max_steps": 40})
-    assert verify_budget_baggage(members, "task-1", None, NOW) == ({}, ["signed budget ignored: no HMAC key configured"])
+    assert verify_budget_baggage(members, "task-1", None, NOW) == (
+        {},
+        ["signed budget ignored: no HMAC key configured"],
+    )
     assert verify_budget_baggage({PREFIX + "max_steps": "3"}, "task-1", KEY, NOW) == ({}, [])
     assert verify_budget_baggage({EXP_KEY: "5"}, "task-1", KEY, NOW)[1] == [
         "signed budget ignored: ragtoll.budget.exp without ragtoll.budget.sig"
@@ -131,7 +150,9 @@ def test_unknown_members_are_outside_the_signature() -> None:
         ({"max_steps": 4}, KEY, math.nan, "expires_at"),
     ],
 )
-def test_sign_budget_rejects_bad_input(limits: dict[str, float], key: bytes, exp: float, message: str) -> None:
+def test_sign_budget_rejects_bad_input(
+    limits: dict[str, float], key: bytes, exp: float, message: str
+) -> None:
     with pytest.raises(ValueError, match=message):
         sign_budget("task-1", limits, key, exp)
 
@@ -219,9 +240,15 @@ _exp = st.integers(min_value=1, max_value=10**11)
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
-@given(members=st.dictionaries(_names, _values, max_size=12), task=st.text(max_size=40),
-       key=st.one_of(st.none(), st.binary(min_size=16, max_size=64)), now=st.floats(allow_nan=True))
-def test_no_input_raises_and_results_are_sane(members: dict[str, str], task: str, key: bytes | None, now: float) -> None:
+@given(
+    members=st.dictionaries(_names, _values, max_size=12),
+    task=st.text(max_size=40),
+    key=st.one_of(st.none(), st.binary(min_size=16, max_size=64)),
+    now=st.floats(allow_nan=True),
+)
+def test_no_input_raises_and_results_are_sane(
+    members: dict[str, str], task: str, key: bytes | None, now: float
+) -> None:
     for limits, notes in (verify_budget_baggage(members, task, key, now), requested_limits(members)):
         assert set(limits) <= set(DIMENSIONS)
         assert all(math.isfinite(v) and 0 <= v <= MAX_VALUE for v in limits.values())
@@ -245,7 +272,9 @@ def test_expired_never_verifies(limits: dict[str, float], task: str, exp: int, n
 
 @settings(max_examples=300)
 @given(limits=_limits, task=_tasks, exp=_exp, data=st.data())
-def test_any_modified_member_never_verifies(limits: dict[str, float], task: str, exp: int, data: st.DataObject) -> None:
+def test_any_modified_member_never_verifies(
+    limits: dict[str, float], task: str, exp: int, data: st.DataObject
+) -> None:
     members = members_of(sign_budget(task, limits, KEY, exp))
     original = dict(members)
     name = data.draw(st.sampled_from(sorted(set(members) | {PREFIX + d for d in DIMENSIONS})))

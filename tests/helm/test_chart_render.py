@@ -13,7 +13,18 @@ from typing import Any
 import helm_python as helm
 import pytest
 
-from helm_render import CI_VALUES, CHART, KUBE_VERSIONS, ci_values, documents, lint, render, validate
+from helm_render import (
+    CHART,
+    CI_VALUES,
+    GOLDEN,
+    KUBE_VERSIONS,
+    ci_values,
+    documents,
+    golden_files,
+    lint,
+    render,
+    validate,
+)
 
 CI_NAMES = [p.name.removesuffix("-values.yaml") for p in CI_VALUES]
 
@@ -152,3 +163,14 @@ def test_chart_metadata() -> None:
     assert [d["name"] for d in chart.dependencies] == ["ragtoll-sidecar"]
     schema = chart.schema
     assert schema is not None and schema["additionalProperties"] is False
+
+
+@pytest.mark.parametrize("name", CI_NAMES)
+def test_golden_renders_are_current(name: str) -> None:
+    for file_name, text in golden_files(name).items():
+        golden = GOLDEN / name / file_name
+        assert golden.exists(), f"{golden} is missing: run `python tests/helm/helm_render.py`"
+        assert golden.read_text() == text, (
+            f"{golden} differs from the chart's rendering: review the change, then regenerate with "
+            "`python tests/helm/helm_render.py`"
+        )

@@ -62,7 +62,8 @@ _HOW_TO_OPENER = _rx(r"""
     )""")
 # "audit logs", "the audit store": the noun; only "audit our/the/all/whether..." asks for one.
 _ANALYSIS = _rx(r"""
-    \b(?: investigat\w* | analy[sz]\w* | audit(?:ing)?\s+(?=our|the|all|every|each|whether|which|how|what|these|those|my)
+    \b(?: investigat\w* | analy[sz]\w*
+      | audit(?:ing)?\s+(?=our|the|all|every|each|whether|which|how|what|these|those|my)
       | assess\w* | evaluat\w* | diagnos\w* | troubleshoot\w* | root\s+cause
       | dig\s+into | look\s+(?:into|across|through|for) | go\s+through | figure\s+out
       | help\s+me\s+understand | identify | flag\s+(?:any|all) | find\s+out | work\s+out

@@ -9,7 +9,6 @@ from importlib import resources
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from ragtoll.proxy.classifier import CLASSES, MAX_CHARS, classify
 
 

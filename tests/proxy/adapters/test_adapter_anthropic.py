@@ -1,0 +1,58 @@
+"""The `anthropic` adapter (Messages API) against fixtures from the public API reference."""
+
+from __future__ import annotations
+
+import orjson
+
+from ragtoll.proxy import tokens
+from ragtoll.proxy.model import Usage
+from support.adapter_fixtures import adapter, load, observe, observe_every_split, parse, raw
+
+
+def test_request_counts_system_messages_tool_use_and_tools_as_an_estimate() -> None:
+    fx = load("anthropic_messages.json")
+    ad = adapter("anthropic")
+    assert ad.error_style == "anthropic"
+    call = parse(ad, fx["path"], fx["request"])
+    assert (call.operation, call.model, call.max_output_tokens, call.stream) == (
+        "chat", "claude-sonnet-4-5-20250929", 1024, False)
+    assert call.prompt_estimated is True
+    texts = call.prompt_texts
+    assert texts[0] == "You are a concise assistant."
+    assert "15 degrees, foggy" in texts  # tool_result content
+    assert any(t.startswith("get_weather") and "San Francisco" in t for t in texts)  # tool_use input
+    assert any("input_schema" in t for t in texts)  # tool definitions
+    assert call.prompt_tokens == tokens.count_many(texts) + 3 * 4 + 3
+
+
+def test_response_usage_includes_cache_reads_in_input() -> None:
+    fx = load("anthropic_messages.json")
+    ad = adapter("anthropic")
+    obs = observe(ad, parse(ad, fx["path"], fx["request"]), orjson.dumps(fx["response"]))
+    assert obs.usage == Usage(input_tokens=1610, output_tokens=14, cached_input_tokens=1200)
+    assert obs.finish_reasons == ["end_turn"]
+    assert obs.response_model == "claude-sonnet-4-5-20250929"
+
+
+def test_stream_at_every_byte_boundary() -> None:
+    ad = adapter("anthropic")
+    call = parse(ad, "/v1/messages", {"model": "claude-sonnet-4-5", "max_tokens": 64, "stream": True,
+                                      "messages": [{"role": "user", "content": "hi"}]})
+    assert call.stream is True
+    expected_seen = tokens.count_many(["Hello", "!", "get_weather", '{"location": "San Fra', 'ncisco, CA"}'])
+    for obs in observe_every_split(ad, call, raw("anthropic_messages_stream.sse"), "text/event-stream"):
+        assert obs.usage == Usage(input_tokens=30, output_tokens=15, cached_input_tokens=5)
+        assert obs.finish_reasons == ["tool_use"]
+        assert obs.response_model == "claude-sonnet-4-5-20250929"
+        assert obs.output_tokens_seen == expected_seen
+        assert obs.parse_error is None
+
+
+def test_other_endpoints_and_malformed_bodies() -> None:
+    ad = adapter("anthropic")
+    assert parse(ad, "/v1/messages/count_tokens", {"model": "x"}).operation == "other"
+    assert parse(ad, "/v1/models", b"", method="GET").operation == "other"
+    bad = parse(ad, "/v1/messages", b"\xff\xfe")
+    assert bad.operation == "chat" and bad.parse_error is not None
+    odd = parse(ad, "/v1/messages", {"model": "claude-3-5-haiku", "system": 5, "messages": [1, {"content": 2}]})
+    assert odd.model == "claude-3-5-haiku" and odd.parse_error is None

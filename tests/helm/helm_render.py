@@ -47,7 +47,9 @@ def render(values: dict[str, Any] | None = None, chart: Path = CHART) -> dict[st
 def lint(values: dict[str, Any] | None = None, chart: Path = CHART) -> list[str]:
     """`helm lint --strict`: every warning or error message (info-level hints are not findings)."""
     report = helm.lint(chart, values or {}, strict=True, namespace=NAMESPACE, kube_version="v1.33.0")
-    return [f"{m['path']}: {m['error']}" for m in report["messages"] if m["severity"] >= 2] + list(report["errors"])
+    return [f"{m['path']}: {m['error']}" for m in report["messages"] if m["severity"] >= 2] + list(
+        report["errors"]
+    )
 
 
 def documents(rendered: dict[str, str]) -> list[dict[str, Any]]:

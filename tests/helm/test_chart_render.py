@@ -76,15 +76,24 @@ def test_validation_catches_a_broken_manifest() -> None:
     [
         ({"mode": "daemonset"}, "at '/mode': value must be one of 'sidecar', 'gateway'"),
         ({"replicas": 3}, "at '': additional properties 'replicas' not allowed"),
-        ({"agent": {"image": {"repository": "a", "tagg": "1"}}}, "at '/agent/image': additional properties 'tagg' not allowed"),
+        (
+            {"agent": {"image": {"repository": "a", "tagg": "1"}}},
+            "at '/agent/image': additional properties 'tagg' not allowed",
+        ),
         ({"sidecar": {"native": "yes"}}, "at '/sidecar/native': got string, want boolean"),
-        ({"otel": {"protocol": "http/json"}}, "at '/otel/protocol': value must be one of 'http/protobuf', 'grpc'"),
+        (
+            {"otel": {"protocol": "http/json"}},
+            "at '/otel/protocol': value must be one of 'http/protobuf', 'grpc'",
+        ),
         ({"config": {"store": "mongodb://db"}}, "at '/config/store': 'mongodb://db' does not match pattern"),
         (
             {"config": {"upstreams": [{"name": "x", "kind": "llmm", "url": "https://x"}]}},
             "at '/config/upstreams/0/kind': value must be one of 'llm', 'embeddings', 'retrieval', 'rerank', 'other'",
         ),
-        ({"networkPolicy": {"enabeld": True}}, "at '/networkPolicy': additional properties 'enabeld' not allowed"),
+        (
+            {"networkPolicy": {"enabeld": True}},
+            "at '/networkPolicy': additional properties 'enabeld' not allowed",
+        ),
     ],
 )
 def test_schema_rejects_bad_values_with_the_key(values: dict[str, Any], message: str) -> None:
@@ -101,7 +110,10 @@ AGENT = {"agent": {"image": {"repository": "registry.example.com/agent"}}}
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        ({"mode": "sidecar"}, "[ERROR] mode=sidecar renders your agent's Deployment and needs agent.image.repository"),
+        (
+            {"mode": "sidecar"},
+            "[ERROR] mode=sidecar renders your agent's Deployment and needs agent.image.repository",
+        ),
         (
             {"mode": "gateway", "replicaCount": 2},
             "[ERROR] mode=gateway with several replicas (replicaCount > 1 or autoscaling.enabled) needs a shared store",
@@ -136,11 +148,11 @@ AGENT = {"agent": {"image": {"repository": "registry.example.com/agent"}}}
         ),
         (
             {"agent": {"image": {"repository": "a"}, "envFromRoutes": {"dcos": "RETRIEVER_URL"}}},
-            "[ERROR] agent.envFromRoutes names upstream \"dcos\", which is not in config.upstreams (openai)",
+            '[ERROR] agent.envFromRoutes names upstream "dcos", which is not in config.upstreams (openai)',
         ),
         (
             {"agent": {"image": {"repository": "a"}, "ports": [{"name": "http", "containerPort": 8787}]}},
-            "[ERROR] agent.ports \"http\" uses port 8787, which ragtoll listens on in the same pod",
+            '[ERROR] agent.ports "http" uses port 8787, which ragtoll listens on in the same pod',
         ),
     ],
 )

@@ -34,7 +34,9 @@ from helm_render import (
 CI_NAMES = [p.name.removesuffix("-values.yaml") for p in CI_VALUES]
 
 
-def pod_spec(docs: list[dict[str, Any]], kind: str = "Deployment", name: str = "demo-ragtoll") -> dict[str, Any]:
+def pod_spec(
+    docs: list[dict[str, Any]], kind: str = "Deployment", name: str = "demo-ragtoll"
+) -> dict[str, Any]:
     spec: dict[str, Any] = find(docs, kind, name)["spec"]["template"]["spec"]
     return spec
 
@@ -45,7 +47,10 @@ def check_config(config: dict[str, Any], tmp_path: Path) -> subprocess.Completed
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAGTOLL_")}
     return subprocess.run(
         [sys.executable, "-m", "ragtoll.proxy", "check-config", str(path)],
-        capture_output=True, text=True, env=env, timeout=60,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
     )
 
 
@@ -55,7 +60,9 @@ def test_native_sidecar_starts_ready_before_the_agent() -> None:
     assert sidecar["name"] == "ragtoll"
     assert sidecar["restartPolicy"] == "Always"
     # The kubelet starts the agent only once the sidecar's startupProbe passed.
-    assert sidecar["startupProbe"]["exec"]["command"][-1].endswith("'http://127.0.0.1:8787/readyz', timeout=2)")
+    assert sidecar["startupProbe"]["exec"]["command"][-1].endswith(
+        "'http://127.0.0.1:8787/readyz', timeout=2)"
+    )
     assert [c["name"] for c in spec["containers"]] == ["agent"]
 
 
@@ -87,12 +94,23 @@ def test_agent_env_points_at_the_sidecar_routes() -> None:
 
 def test_agent_env_follows_prefixes_anthropic_and_the_agents_own_overrides() -> None:
     values = {
-        "agent": {"image": {"repository": "a"}, "env": [{"name": "OPENAI_BASE_URL", "value": "http://mine/v1"}]},
-        "config": {"upstreams": [
-            {"name": "oai", "kind": "llm", "api": "openai", "url": "https://api.openai.com", "prefix": "/llm/oai"},
-            {"name": "claude", "kind": "llm", "api": "anthropic", "url": "https://api.anthropic.com"},
-            {"name": "rerank-v2", "kind": "rerank", "api": "passthrough", "url": "http://rerank:80"},
-        ]},
+        "agent": {
+            "image": {"repository": "a"},
+            "env": [{"name": "OPENAI_BASE_URL", "value": "http://mine/v1"}],
+        },
+        "config": {
+            "upstreams": [
+                {
+                    "name": "oai",
+                    "kind": "llm",
+                    "api": "openai",
+                    "url": "https://api.openai.com",
+                    "prefix": "/llm/oai",
+                },
+                {"name": "claude", "kind": "llm", "api": "anthropic", "url": "https://api.anthropic.com"},
+                {"name": "rerank-v2", "kind": "rerank", "api": "passthrough", "url": "http://rerank:80"},
+            ]
+        },
     }
     agent = by_name(pod_spec(documents(render(values)))["containers"], "agent")
     env = env_values(agent)
@@ -113,7 +131,11 @@ def test_ports_probes_and_env_follow_config_server_port(mode: str) -> None:
     ragtoll = by_name(list(containers(spec)), "ragtoll")
     assert ragtoll["ports"] == [{"name": "ragtoll", "containerPort": 9100, "protocol": "TCP"}]
     assert ragtoll_config(docs)["server"]["port"] == 9100
-    for probe, path in [("startupProbe", "/readyz"), ("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")]:
+    for probe, path in [
+        ("startupProbe", "/readyz"),
+        ("readinessProbe", "/readyz"),
+        ("livenessProbe", "/healthz"),
+    ]:
         handler = ragtoll[probe]
         if mode == "sidecar":
             # loopback bind: the kubelet cannot reach it, so the probe runs inside the container
@@ -123,10 +145,15 @@ def test_ports_probes_and_env_follow_config_server_port(mode: str) -> None:
             assert ragtoll_config(docs)["server"]["host"] == "0.0.0.0"
             assert handler["httpGet"] == {"path": path, "port": "ragtoll"}
     if mode == "sidecar":
-        assert env_values(by_name(spec["containers"], "agent"))["OPENAI_BASE_URL"] == "http://127.0.0.1:9100/openai/v1"
+        assert (
+            env_values(by_name(spec["containers"], "agent"))["OPENAI_BASE_URL"]
+            == "http://127.0.0.1:9100/openai/v1"
+        )
     else:
         service = find(docs, "Service", "demo-ragtoll")
-        assert service["spec"]["ports"] == [{"name": "ragtoll", "port": 9100, "targetPort": "ragtoll", "protocol": "TCP"}]
+        assert service["spec"]["ports"] == [
+            {"name": "ragtoll", "port": 9100, "targetPort": "ragtoll", "protocol": "TCP"}
+        ]
         assert service["spec"]["selector"] == find(docs, "Deployment")["spec"]["selector"]["matchLabels"]
 
 
@@ -149,7 +176,9 @@ def test_configmap_config_passes_ragtoll_check_config(name: str, tmp_path: Path)
 
 
 def test_a_config_mistake_the_schema_lets_through_is_caught_by_check_config(tmp_path: Path) -> None:
-    docs = documents(render({"agent": {"image": {"repository": "a"}}, "config": {"budgets": {"mdoe": "shadow"}}}))
+    docs = documents(
+        render({"agent": {"image": {"repository": "a"}}, "config": {"budgets": {"mdoe": "shadow"}}})
+    )
     result = check_config(ragtoll_config(docs), tmp_path)
     assert result.returncode == 2
     assert "Config 'budgets.mdoe' is not a known key." in result.stderr
@@ -157,7 +186,9 @@ def test_a_config_mistake_the_schema_lets_through_is_caught_by_check_config(tmp_
 
 def test_config_change_rolls_the_pods() -> None:
     def checksum(values: dict[str, Any]) -> str:
-        annotations = find(documents(render(values)), "Deployment")["spec"]["template"]["metadata"]["annotations"]
+        annotations = find(documents(render(values)), "Deployment")["spec"]["template"]["metadata"][
+            "annotations"
+        ]
         return str(annotations["checksum/ragtoll-config"])
 
     base = ci_values("sidecar-native")
@@ -226,7 +257,9 @@ def test_external_redis_url_from_a_secret_overrides_the_store() -> None:
     docs = documents(render(ci_values("networkpolicy")))
     env = env_values(by_name(pod_spec(docs)["containers"], "ragtoll"))
     assert env["RAGTOLL_STORE"] == {"secretKeyRef": {"name": "ragtoll-redis", "key": "url"}}
-    docs = documents(render({"mode": "gateway", "externalRedis": {"url": "redis+cluster://redis-0.redis:6379"}}))
+    docs = documents(
+        render({"mode": "gateway", "externalRedis": {"url": "redis+cluster://redis-0.redis:6379"}})
+    )
     env = env_values(by_name(pod_spec(docs)["containers"], "ragtoll"))
     assert env["RAGTOLL_STORE"] == "redis+cluster://redis-0.redis:6379"
 
@@ -255,18 +288,24 @@ def test_networkpolicy_opens_only_the_serving_port() -> None:
     [rule] = policy["spec"]["ingress"]
     assert rule["ports"] == [{"port": 8787, "protocol": "TCP"}]
     assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "agents"}}}]
-    assert policy["spec"]["podSelector"]["matchLabels"] == find(docs, "Deployment", "demo-ragtoll")["spec"]["selector"]["matchLabels"]
+    assert (
+        policy["spec"]["podSelector"]["matchLabels"]
+        == find(docs, "Deployment", "demo-ragtoll")["spec"]["selector"]["matchLabels"]
+    )
     egress_ports = [p["port"] for r in policy["spec"]["egress"] for p in r["ports"]]
     assert egress_ports[:2] == [53, 53] and {4317, 4318, 443, 6379} <= set(egress_ports)
     jaeger_policy = find(docs, "NetworkPolicy", "demo-ragtoll-jaeger")
-    assert jaeger_policy["spec"]["ingress"][0]["ports"] == [{"port": 4317, "protocol": "TCP"}, {"port": 4318, "protocol": "TCP"}]
+    assert jaeger_policy["spec"]["ingress"][0]["ports"] == [
+        {"port": 4317, "protocol": "TCP"},
+        {"port": 4318, "protocol": "TCP"},
+    ]
 
 
 def test_notes_tell_how_to_reach_agent_and_admin() -> None:
     text = notes(render(ci_values("sidecar-native")))
     assert "OPENAI_BASE_URL=http://127.0.0.1:8787/openai/v1" in text
     assert "kubectl -n agents port-forward deploy/demo-ragtoll 8787:8787" in text
-    assert "curl -H \"Authorization: Bearer $TOKEN\" http://127.0.0.1:8787/admin/" in text
+    assert 'curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8787/admin/' in text
     text = notes(render(ci_values("gateway-redis")))
     assert "http://demo-ragtoll.agents.svc:8787/openai" in text
 

@@ -53,7 +53,10 @@ DIMENSIONS = (
     "max_latency_ms", "max_stalled_retrievals",
 )
 # RAGTOLL_BUDGET_* names that are not limits (the operator's signing key must never become baggage).
-_NOT_LIMITS = frozenset({"PROFILE", "HMAC_KEY"})
+_NOT_LIMITS = frozenset({"PROFILE", "HMAC_KEY", "SIG", "EXP"})
+# A signed grant (proxy/signing.py `sign_budget`) handed to the agent as RAGTOLL_BUDGET_SIG/_EXP
+# next to the limits it raises; sent as is, verified by the proxy.
+_SIGNED = {"SIG": re.compile(r"^[A-Za-z0-9_-]{43}={0,1}$"), "EXP": re.compile(r"^[0-9]{1,12}$")}
 _TASK_ID = re.compile(r"^[A-Za-z0-9._:~@/+=-]{1,128}$")
 _PROFILE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _NUMBER = re.compile(r"^[0-9]{1,15}(\.[0-9]{1,12})?$")
@@ -102,6 +105,12 @@ def settings_from_env(env: Mapping[str, str]) -> AgentSettings:
             members[BAGGAGE_PROFILE] = profile
         else:
             warnings.append(f"{ENV_PROFILE}={profile[:64]!r} ignored: not a profile name")
+    for suffix, shape in _SIGNED.items():
+        value = env.get(ENV_LIMIT_PREFIX + suffix, "").strip()
+        if value and shape.match(value):
+            members[f"ragtoll.budget.{suffix.lower()}"] = value
+        elif value:
+            warnings.append(f"{ENV_LIMIT_PREFIX}{suffix} ignored: not the shape sign_budget produces")
     for name in sorted(env):
         if not name.startswith(ENV_LIMIT_PREFIX) or name[len(ENV_LIMIT_PREFIX):] in _NOT_LIMITS:
             continue

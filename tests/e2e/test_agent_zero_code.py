@@ -26,6 +26,8 @@ from support.servers import serve_in_thread
 AGENT = Path(__file__).parent / "agents" / "legacy_agent.py"
 INSTRUMENT = str(Path(sys.executable).parent / "opentelemetry-instrument")
 CALLS = ["chat", "search", "chat thread 0", "chat thread 1", "chat async", "echo"]
+BUDGETS = {"default_profile": "bounded",
+           "profiles": {"bounded": {"max_steps": 8}, "tight": {"max_steps": 6, "max_calls": 10}}}
 
 
 @dataclass
@@ -74,7 +76,7 @@ def call_spans(telemetry: Telemetry) -> list[Any]:
 def test_agent_under_opentelemetry_instrument_is_one_task_with_env_budget(
     proxy: ProxyFactory, telemetry: Telemetry, upstream: Upstream, otlp: OtlpReceiver
 ) -> None:
-    with proxy() as base:
+    with proxy(budgets=BUDGETS) as base:
         run = run_agent(base, otlp, instrumented=True, RAGTOLL_TASK_ROOT="process",
                         RAGTOLL_BUDGET_PROFILE="tight", RAGTOLL_BUDGET_MAX_STEPS="4")
     assert len(set(run.tasks.values())) == 1, run.tasks
@@ -83,6 +85,13 @@ def test_agent_under_opentelemetry_instrument_is_one_task_with_env_budget(
     assert len(spans) == len(CALLS)
     assert {s.attributes["ragtoll.task.id"] for s in spans} == {task_id}
     assert {s.attributes["ragtoll.task.source"] for s in spans} <= {"baggage", "traceparent"}
+    # the budget stage chose the env's profile and applied the env's lower max_steps to the task
+    assert {s.attributes["ragtoll.budget.profile"] for s in spans} == {"tight"}
+    assert {s.attributes["ragtoll.budget.profile.source"] for s in spans} == {"baggage"}
+    assert {s.attributes["ragtoll.budget.max_steps.limit"] for s in spans} == {4}
+    steps_used = sorted(s.attributes["ragtoll.budget.max_steps.used"] for s in spans
+                        if s.attributes["gen_ai.operation.name"] == "chat")
+    assert steps_used == [1, 2, 3, 4]  # four LLM calls, counted in one task from all threads
     # one trace: the process root's; the task id is that trace id (as a traceparent task would be)
     assert {f"{s.context.trace_id:032x}" for s in telemetry.spans()} == {task_id}
     # the profile and limit from env reached the proxy (the trusted upstream sees what arrived)
@@ -120,10 +129,12 @@ def test_task_id_from_env_puts_agent_spans_under_the_task_root(
 def test_without_the_hook_the_proxy_falls_back_to_session_heuristics(
     proxy: ProxyFactory, telemetry: Telemetry, otlp: OtlpReceiver
 ) -> None:
-    with proxy() as base:
+    with proxy(budgets=BUDGETS) as base:
         run = run_agent(base, otlp, instrumented=False, RAGTOLL_BUDGET_PROFILE="tight")
     spans = call_spans(telemetry)
     assert {s.attributes["ragtoll.task.source"] for s in spans} == {"session"}
+    # nothing carried the env's profile: every session got the default
+    assert {s.attributes["ragtoll.budget.profile"] for s in spans} == {"bounded"}
     # tier 0 is a heuristic keyed on client, user agent and credential: the sync SDK's calls
     # (main thread and pool) are one session, but requests and the async SDK send other user
     # agents, so one run of the agent shows up as three "tasks"

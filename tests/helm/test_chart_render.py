@@ -12,7 +12,6 @@ from typing import Any
 
 import helm_python as helm
 import pytest
-
 from helm_render import (
     CHART,
     CI_VALUES,
@@ -55,10 +54,11 @@ def test_newest_schema_is_newer_than_the_named_versions() -> None:
 
 def test_native_sidecar_is_rejected_by_kubernetes_1_27_and_classic_is_not() -> None:
     native = validate(documents(render(ci_values("sidecar-native"))), "1.27")
-    assert native == [
+    expected = (
         "Deployment/demo-ragtoll: spec/template/spec/initContainers/0: "
         "Additional properties are not allowed ('restartPolicy' was unexpected)"
-    ]
+    )
+    assert native == [expected]
     assert validate(documents(render(ci_values("sidecar-classic"))), "1.27") == []
 
 

@@ -87,7 +87,8 @@ def settings_from_env(env: Mapping[str, str]) -> AgentSettings:
     warnings: list[str] = []
     members: dict[str, str] = {}
     carried: list[tuple[str, str]] = []
-    for key, value in otel_baggage.get_all(W3CBaggagePropagator().extract({"baggage": env.get("BAGGAGE", "")})).items():
+    carrier = W3CBaggagePropagator().extract({"baggage": env.get("BAGGAGE", "")})
+    for key, value in otel_baggage.get_all(carrier).items():
         if key.startswith("ragtoll."):
             members[key] = str(value)
         else:
@@ -226,7 +227,9 @@ class AgentHook:
         propagate.set_global_textmap(self.previous_propagator)
 
 
-def install(env: Mapping[str, str] | None = None, tracer_provider: trace.TracerProvider | None = None) -> AgentHook:
+def install(
+    env: Mapping[str, str] | None = None, tracer_provider: trace.TracerProvider | None = None
+) -> AgentHook:
     """Makes every later inject carry ragtoll's task context read from `env` (default os.environ).
 
     When the environment names a task (RAGTOLL_TASK_ID, TRACEPARENT, BAGGAGE ragtoll.task.id or

@@ -49,7 +49,8 @@ ALLOWED_KEYS = frozenset({
 # Shapes of ids that must never be label values even when they fit a set's size: 128/64-bit hex
 # (trace/span ids, derived task ids), UUIDs, ragtoll session ids, long digit runs.
 _ID_LIKE = re.compile(
-    r"(^|[^0-9a-f])[0-9a-f]{16,}($|[^0-9a-f])|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}|^session-|[0-9]{9,}", re.IGNORECASE
+    r"(^|[^0-9a-f])[0-9a-f]{16,}($|[^0-9a-f])|[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}|^session-|[0-9]{9,}",
+    re.IGNORECASE,
 )
 _LABEL_VALUE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,79}$")
 
@@ -156,7 +157,8 @@ class Metrics:
             sc.GEN_AI_REQUEST_MODEL: self._models(request_model),
             sc.GEN_AI_RESPONSE_MODEL: self._models(response_model),
         })
-        kind_attrs = self._attributes({sc.UPSTREAM_KIND: _one_of(KINDS, kind), sc.OUTCOME: _one_of(OUTCOMES, outcome)})
+        kind_attrs = self._attributes({sc.UPSTREAM_KIND: _one_of(KINDS, kind),
+                                       sc.OUTCOME: _one_of(OUTCOMES, outcome)})
         self.calls.add(1, kind_attrs)
         if outcome != "rejected":
             duration_attrs = dict(gen_ai)
@@ -183,7 +185,8 @@ class Metrics:
 
     def record_cache_lookup(self, result: str, tier: str | None = None) -> None:
         self.cache_lookups.add(1, self._attributes({
-            sc.CACHE_RESULT: _one_of(CACHE_RESULTS, result), sc.CACHE_TIER: _one_of(CACHE_TIERS, tier or "none")}))
+            sc.CACHE_RESULT: _one_of(CACHE_RESULTS, result),
+            sc.CACHE_TIER: _one_of(CACHE_TIERS, tier or "none")}))
 
     def record_task_end(self, *, cost_usd: float, calls: int, profile: str | None = None,
                         exceeded: bool = False, reason: str = "idle") -> None:

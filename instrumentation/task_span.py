@@ -108,7 +108,8 @@ def emit_task_span(
     tracer, pinnable = _tracer(tracer_provider)
     ctx = None
     if parent_span_id is not None:
-        parent = SpanContext(trace_id, parent_span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
+        parent = SpanContext(trace_id, parent_span_id, is_remote=True,
+                             trace_flags=TraceFlags(TraceFlags.SAMPLED))
         ctx = trace.set_span_in_context(NonRecordingSpan(parent))
     attrs = {sc.TASK_ID: task_id, **attributes}
     token = _PINNED.set((trace_id if parent_span_id is None else None, root_span_id)) if pinnable else None

@@ -197,9 +197,11 @@ def test_a_signed_grant_from_env_is_sent_and_verifies_at_the_proxy() -> None:
     from ragtoll.proxy.signing import sign_budget, verify_budget_baggage
 
     key = b"k" * 32
-    grant = dict(m.split("=", 1) for m in sign_budget("ticket-5", {"max_steps": 20}, key, 4_000_000_000).split(","))
+    signed = sign_budget("ticket-5", {"max_steps": 20}, key, 4_000_000_000)
+    grant = dict(m.split("=", 1) for m in signed.split(","))
     env = {"RAGTOLL_TASK_ID": "ticket-5", "RAGTOLL_BUDGET_MAX_STEPS": grant["ragtoll.budget.max_steps"],
-           "RAGTOLL_BUDGET_SIG": grant["ragtoll.budget.sig"], "RAGTOLL_BUDGET_EXP": grant["ragtoll.budget.exp"]}
+           "RAGTOLL_BUDGET_SIG": grant["ragtoll.budget.sig"],
+           "RAGTOLL_BUDGET_EXP": grant["ragtoll.budget.exp"]}
     members = dict(agent.settings_from_env(env).members)
     raises, notes = verify_budget_baggage(members, "ticket-5", key, 1_000)
     assert raises == {"max_steps": 20}, notes

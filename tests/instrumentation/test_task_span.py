@@ -67,8 +67,8 @@ def test_concurrent_emits_keep_their_own_ids(telemetry: Telemetry) -> None:
     now = time.time_ns()
 
     def emit(task_id: str) -> None:
-        emit_task_span(telemetry.tracer_provider, task_id, derived_trace_id(task_id), derived_span_id(task_id),
-                       now, now, {})
+        emit_task_span(telemetry.tracer_provider, task_id, derived_trace_id(task_id),
+                       derived_span_id(task_id), now, now, {})
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         list(pool.map(emit, ids))

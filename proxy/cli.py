@@ -22,8 +22,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve.add_argument("--port", type=int, help="override server.port")
     check = sub.add_parser("check-config", help="validate a config file and exit")
     check.add_argument("config", nargs="?", help="YAML config file (default: $RAGTOLL_CONFIG)")
+    sign = sub.add_parser("sign-budget", help="print signed budget baggage that may raise a task's limits")
+    sign.add_argument("--task-id", required=True)
+    sign.add_argument("--key-env", default="RAGTOLL_BUDGET_HMAC_KEY", help="variable holding the HMAC key")
+    sign.add_argument("--key-file", help="file holding the HMAC key (instead of --key-env)")
+    sign.add_argument("--ttl", type=int, default=3600, help="seconds until the signature expires")
+    sign.add_argument("limits", nargs="+", metavar="DIMENSION=VALUE", help="e.g. max_steps=40 max_cost_usd=0.5")
     _add_evaluation_commands(sub)
     args = parser.parse_args(argv)
+    if args.command == "sign-budget":
+        return _sign(args)
     if args.command in ("demo", "report", "recommend"):
         return _run_evaluation_command(args)
     if args.command == "serve":
@@ -48,13 +56,35 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sign(args: argparse.Namespace) -> int:
+    import time
+
+    from .signing import load_key, sign_budget
+
+    try:
+        key = load_key(None if args.key_file else args.key_env, args.key_file, os.environ)
+        if key is None:
+            raise ConfigError(f"no HMAC key: set {args.key_env} or pass --key-file")
+        limits = {}
+        for item in args.limits:
+            name, sep, value = item.partition("=")
+            if not sep:
+                raise ConfigError(f"limit {item!r} is not DIMENSION=VALUE (e.g. max_steps=40)")
+            limits[name] = float(value)
+        print(sign_budget(args.task_id, limits, key, time.time() + args.ttl))
+    except (ConfigError, ValueError) as exc:
+        print(f"ragtoll: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def _serve(args: argparse.Namespace) -> int:
     import dataclasses
 
     import uvicorn
     from opentelemetry import metrics, trace
 
-    from ..instrumentation import setup
+    from ragtoll.instrumentation import setup
     from .app import build_app
     from .config import Settings
 

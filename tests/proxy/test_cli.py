@@ -1,0 +1,39 @@
+"""The command line: `ragtoll sign-budget` output verifies with the proxy's own verifier."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+from ragtoll.proxy.signing import verify_budget_baggage
+from ragtoll.proxy.stages.identify import parse_baggage
+
+KEY = "operator-secret-key-0123456789"
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ragtoll.proxy", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+def test_sign_budget_prints_baggage_that_verifies() -> None:
+    out = run("sign-budget", "--task-id", "job-1", "max_steps=40", "max_cost_usd=0.5",
+              env={"RAGTOLL_BUDGET_HMAC_KEY": KEY})
+    assert out.returncode == 0, out.stderr
+    members, notes = parse_baggage(out.stdout.strip())
+    assert notes == []
+    limits, why = verify_budget_baggage(dict(members), "job-1", KEY.encode(), time.time())
+    assert limits == {"max_steps": 40, "max_cost_usd": 0.5}, why
+    other, _ = verify_budget_baggage(dict(members), "job-2", KEY.encode(), time.time())
+    assert other == {}  # bound to its task
+
+
+def test_sign_budget_without_key_or_with_bad_limit_exits_2() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "RAGTOLL_BUDGET_HMAC_KEY"}
+    out = subprocess.run([sys.executable, "-m", "ragtoll.proxy", "sign-budget", "--task-id", "t", "max_steps=4"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 2 and "no HMAC key" in out.stderr
+    bad = run("sign-budget", "--task-id", "t", "max_steps", env={"RAGTOLL_BUDGET_HMAC_KEY": KEY})
+    assert bad.returncode == 2 and "DIMENSION=VALUE" in bad.stderr

@@ -305,7 +305,7 @@ def test_notes_tell_how_to_reach_agent_and_admin() -> None:
     text = notes(render(ci_values("sidecar-native")))
     assert "OPENAI_BASE_URL=http://127.0.0.1:8787/openai/v1" in text
     assert "kubectl -n agents port-forward deploy/demo-ragtoll 8787:8787" in text
-    assert 'curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8787/admin/' in text
+    assert 'curl -H "Authorization: Bearer $TOKEN" http://127.0.0.1:8787/admin/tasks/' in text
     text = notes(render(ci_values("gateway-redis")))
     assert "http://demo-ragtoll.agents.svc:8787/openai" in text
 

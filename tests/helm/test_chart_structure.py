@@ -24,6 +24,7 @@ from helm_render import (
     documents,
     env_values,
     find,
+    lint,
     notes,
     ragtoll_config,
     render,
@@ -326,3 +327,8 @@ def test_library_example_chart(native: bool, tmp_path: Path) -> None:
     config = yaml.safe_load(find(docs, "ConfigMap", "demo-ragtoll")["data"]["ragtoll.yaml"])
     result = check_config(config, tmp_path)
     assert result.returncode == 0, result.stderr
+
+
+def test_library_and_example_charts_lint_strict_clean() -> None:
+    assert lint(chart=EXAMPLE) == []
+    assert lint(chart=CHART.parent / "ragtoll-sidecar") == []

@@ -178,6 +178,14 @@ def summarize(records: Iterable[Mapping[str, Any]], by: str = "profile") -> list
     return rows
 
 
+def overall(records: Iterable[Mapping[str, Any]], name: str = "all") -> Row:
+    """One row over all `records` (at least one)."""
+    recs = list(records)
+    if not recs:
+        raise ReportError("no task records")
+    return _row(name, recs)
+
+
 def _row(name: str, recs: list[Mapping[str, Any]]) -> Row:
     n = len(recs)
     judged = [r for r in recs if r.get("outcome") is not None]

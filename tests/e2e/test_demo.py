@@ -1,0 +1,112 @@
+"""`ragtoll demo` end to end on the shortened workload: real sockets, the real openai SDK, ragtoll's
+task records as the only source of the numbers, traces exported over OTLP."""
+
+from __future__ import annotations
+
+import io
+import pathlib
+import threading
+
+import pytest
+
+from ragtoll.proxy import report
+from ragtoll.proxy.cli import main
+from ragtoll.proxy.demo import corpus, runner, scoring
+from support.otlp import OtlpReceiver
+from support.servers import serve_in_thread
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[runner.DemoResult, str, pathlib.Path, OtlpReceiver]:
+    records = tmp_path_factory.mktemp("demo") / "records.jsonl"
+    receiver = OtlpReceiver()
+    stop = threading.Event()
+    stop.set()  # --keep-running returns at once
+    out = io.StringIO()
+    with serve_in_thread(receiver) as otlp:
+        env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_METRICS_EXPORTER": "none"}
+        result = runner.run_demo(quick=True, keep_running=True, records=str(records), env=env, out=out, stop=stop)
+    return result, out.getvalue(), records, receiver
+
+
+def test_printed_table_is_computed_from_ragtolls_task_records(demo: tuple) -> None:
+    result, out, records, _ = demo
+    kept = report.read_jsonl(str(records))
+    assert len(kept) == 2 * len(corpus.load_workload(quick=True))
+    shadow = [r for r in kept if "-shadow-" in r["task_id"]]
+    enforced = [r for r in kept if "-enforced-" in r["task_id"]]
+    table, _, _ = scoring.compare(shadow, enforced)
+    assert table in out  # the printed numbers are exactly the records' numbers
+    assert all(r["end_reason"] == "explicit" and r["outcome"] is not None for r in kept)
+    # the outcome each record carries is the demo's judgement of that task against gold
+    judged = {r.task_id: r.correct for r in result.shadow.runs + result.enforced.runs}
+    assert {r["task_id"]: r["outcome"]["correct"] for r in kept} == judged
+
+
+def test_budgets_and_cache_meet_the_targets(demo: tuple) -> None:
+    result, _, _, _ = demo
+    _, shadow, enforced = scoring.compare(result.shadow.records, result.enforced.records)
+    assert enforced.retrieval_calls <= 0.6 * shadow.retrieval_calls
+    assert enforced.cost_usd <= 0.6 * shadow.cost_usd
+    assert shadow.accuracy is not None and enforced.accuracy is not None
+    assert enforced.accuracy >= shadow.accuracy - 0.02
+    assert shadow.exhaustion_rate == 0  # shadow mode rejects nothing ...
+    assert any(r.get("would_reject") for r in result.shadow.records)  # ... but records what it would have
+
+
+def test_runaway_task_is_stopped_by_its_budget_with_a_clear_error(demo: tuple) -> None:
+    result, out, _, _ = demo
+    (run,) = [r for r in result.enforced.runs if r.task.kind == "runaway"]
+    (rec,) = [r for r in result.enforced.records if r["task_id"] == run.task_id]
+    (shadow_rec,) = [r for r in result.shadow.records if r["task_id"].endswith(run.task.id)]
+    assert rec["exhausted"] is not None
+    assert any(rec["exhausted"] in e and "HTTP 429" in e and run.task_id in e for e in run.tool_errors)
+    assert rec["steps"] < shadow_rec["steps"] and rec["cost_usd"] < shadow_rec["cost_usd"] / 2
+    assert f"runaway task {run.task.id}" in out and f"exhausted {rec['exhausted']}" in out
+
+
+def test_no_chunk_reaches_a_principal_without_access(demo: tuple) -> None:
+    result, out, _, _ = demo
+    assert result.acl_checked > 0 and result.acl_violations == []
+    assert f"ACL audit: {result.acl_checked} chunks" in out
+    # bob asked for the staff-only escalation contact alice got: he gets an abstention, not the name
+    for res in (result.shadow, result.enforced):
+        bob = [r for r in res.runs if r.task.kind == "access" and r.task.principal == "bob"]
+        assert bob and all(r.correct and "Tomas Berg" not in (r.answer or "") for r in bob)
+
+
+def test_audit_flags_a_chunk_outside_the_principals_groups() -> None:
+    chunks = corpus.load_corpus()
+    staff = next(c for c in chunks if c.groups == ("staff",))
+    checked, bad = scoring.audit_acl([("t1", "bob", [staff.id, "no-such-chunk"]), ("t2", "alice", [staff.id])],
+                                     chunks)
+    assert checked == 3 and [(b.task, b.chunk) for b in bad] == [("t1", staff.id), ("t1", "no-such-chunk")]
+
+
+def test_judge_uses_gold_answers() -> None:
+    assert scoring.judge("The refund window for annual plans is 30 days. [billing-policy#1]", "30 days")
+    assert not scoring.judge("The refund window for monthly plans is 7 days.", "30 days")
+    assert scoring.judge("I could not find a supported answer in the documents available to me.", None)
+    assert not scoring.judge("The escalation contact for Vault is Tomas Berg.", None)
+    assert not scoring.judge(None, None)
+
+
+def test_traces_reach_the_otlp_endpoint_one_trace_per_task(demo: tuple) -> None:
+    result, _, _, receiver = demo
+    task_id = result.enforced.runs[0].task_id
+    agent = [s for s in receiver.spans if s["attributes"].get("ragtoll.task.id") == task_id
+             and s["resource"].get("service.name") == "ragtoll-demo-agent"]
+    assert len(agent) == 1
+    proxied = [s for s in receiver.spans if s["trace_id"] == agent[0]["trace_id"] and s["resource"].get("service.name") == "ragtoll"]
+    assert len(proxied) >= 3  # the LLM, retrieval and rerank calls of that task, under the agent's trace
+
+
+def test_keep_running_prints_where_to_poke(demo: tuple) -> None:
+    _, out, _, _ = demo
+    assert "stays up at http://127.0.0.1:" in out and "OPENAI_BASE_URL=" in out
+
+
+def test_cli_demo_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "--keep-running" in capsys.readouterr().out

@@ -89,5 +89,5 @@ def test_docs_picture_matches_a_real_export(upstream: Upstream) -> None:
         DOCS.write_text(f"{head}{BEGIN}\n```text\n{picture}\n```\n{END}{tail}")
     documented = DOCS.read_text().split(BEGIN, 1)[1].split(END, 1)[0]
     documented = documented.strip().removeprefix("```text").removesuffix("```").strip("\n")
-    strip = lambda text: "\n".join(_DURATION.sub("  ", line).rstrip() for line in text.splitlines())  # noqa: E731
+    strip = lambda text: "\n".join(_DURATION.sub("  ", line).rstrip() for line in text.splitlines())
     assert strip(documented) == strip(render_tree(spans, durations=True))

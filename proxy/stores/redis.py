@@ -7,6 +7,7 @@ from other keys. Every key gets a TTL on every write. The only module that impor
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.resources
 import time
@@ -27,6 +28,7 @@ from .base import Decision, TaskMeta
 
 STALE_INFLIGHT_MS = 15 * 60 * 1000
 MAX_LOCAL_TASKS = 200_000
+MAX_IN_FLIGHT = 64  # store commands in flight per process; more wait (within the caller's timeout)
 _TEXT_FIELDS = frozenset({"task_id", "profile", "class", "route", "exhausted"})
 
 
@@ -46,12 +48,21 @@ class RedisStore:
     """`url`: redis://, rediss://, unix:// or redis+cluster://host:port (a seed node)."""
 
     def __init__(self, url: str, *, timeout_s: float = 0.25, ttl_s: int = 86_400,
-                 records_stream: str = "ragtoll:records", records_maxlen: int = 100_000) -> None:
+                 records_stream: str = "ragtoll:records", records_maxlen: int = 100_000,
+                 connection_class: Any = None) -> None:
         self.url = url
         self.ttl_s = ttl_s
         self.records_stream = records_stream
         self.records_maxlen = records_maxlen
-        common: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+        # a pool larger than the in-flight bound, so a command never fails for want of a connection
+        common: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+                                  "max_connections": MAX_IN_FLIGHT + 8}
+        if connection_class is not None:  # tests and the benchmark count round trips with it
+            common["connection_class"] = connection_class
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._cluster = url.startswith("redis+cluster://")
+        self._ready = not self._cluster
+        self._init_lock = asyncio.Lock()
         self.client: Any
         if url.startswith("redis+cluster://"):
             self.client = RedisCluster.from_url("redis://" + url[len("redis+cluster://"):], **common)
@@ -66,10 +77,21 @@ class RedisStore:
 
     async def _run(self, script: tuple[str, str], keys: tuple[str, ...], args: list[Any]) -> Any:
         text, sha = script
-        try:
-            return await self.client.evalsha(sha, len(keys), *keys, *args)
-        except NoScriptError:
-            return await self.client.eval(text, len(keys), *keys, *args)  # first use on this node
+        if not self._ready:
+            await self._initialize()
+        async with self._slots:
+            try:
+                return await self.client.evalsha(sha, len(keys), *keys, *args)
+            except NoScriptError:
+                return await self.client.eval(text, len(keys), *keys, *args)  # first use on this node
+
+    async def _initialize(self) -> None:
+        # Learn the cluster's slot map once, before commands race to open connections to its nodes
+        # (concurrent first commands can otherwise trip over a node list being rebuilt).
+        async with self._init_lock:
+            if not self._ready:
+                await self.client.initialize()
+                self._ready = True
 
     def _touch(self, task_id: str, now_ms: int) -> None:
         self._local[task_id] = now_ms
@@ -115,7 +137,10 @@ class RedisStore:
         return _ledger(task_id, out)
 
     async def get_task(self, task_id: str) -> Ledger | None:
-        out = await self.client.hgetall(task_keys(task_id)[0])
+        if not self._ready:
+            await self._initialize()
+        async with self._slots:
+            out = await self.client.hgetall(task_keys(task_id)[0])
         if not out:
             return None
         flat: list[bytes] = []
@@ -137,6 +162,8 @@ class RedisStore:
         return [t for t, last in self._local.items() if last < idle_before_ms]
 
     async def ping(self) -> None:
+        if not self._ready:
+            await self._initialize()
         await self.client.ping()
 
     async def append_record(self, record: Mapping[str, Any]) -> None:

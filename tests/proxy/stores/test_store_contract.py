@@ -1,0 +1,207 @@
+"""The store contract, run unchanged against memory, Redis and Redis Cluster (see conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from ragtoll.proxy import budget as bm
+from ragtoll.proxy.budget import Actual, Charge
+from ragtoll.proxy.stores.base import Store, TaskMeta
+
+META = TaskMeta("bounded", "simple_fact", "openai")
+LLM = Charge(steps=1, context_tokens=100, prompt_tokens=100, completion_reserve=50, cost_certain=1_000,
+             cost_reserve=5_000)
+T0 = 1_700_000_000_000
+
+
+def tid() -> str:
+    return f"task-{uuid.uuid4().hex}"
+
+
+async def test_limit_of_n_admits_n_and_refusal_charges_nothing(store: Store) -> None:
+    t = tid()
+    limits = {"max_steps": 3}
+    decisions = [await store.reserve(t, META, limits, LLM, T0 + i) for i in range(4)]
+    assert [d.admitted for d in decisions] == [True, True, True, False]
+    refused = decisions[3]
+    assert refused.dimension == "max_steps"
+    assert refused.ledger.used("steps") == 3 and refused.ledger.used("calls") == 3
+    assert refused.ledger.rejections == {"max_steps": 1}
+    assert refused.ledger.exhausted == "max_steps"
+    ledger = await store.get_task(t)
+    assert ledger is not None and ledger.used("context_tokens") == 300 and ledger.profile == "bounded"
+    assert ledger.cls == "simple_fact" and ledger.started_ms == T0
+
+
+async def test_every_dimension_is_checked_in_the_same_step(store: Store) -> None:
+    t = tid()
+    limits = {"max_steps": 10, "max_calls": 2, "max_context_tokens": 1000}
+    assert (await store.reserve(t, META, limits, LLM, T0)).admitted
+    assert (await store.reserve(t, META, limits, Charge(retrieval_calls=1), T0)).admitted
+    d = await store.reserve(t, META, limits, LLM, T0)
+    assert (d.admitted, d.dimension) == (False, "max_calls")
+    assert d.ledger.used("steps") == 1  # nothing of the refused call was added
+
+
+async def test_unique_queries_dedup_per_task(store: Store) -> None:
+    t = tid()
+    limits = {"max_unique_queries": 2}
+
+    def q(key: str) -> Charge:
+        return Charge(retrieval_calls=1, query_key=key)
+
+    results = [await store.reserve(t, META, limits, q(k), T0) for k in ("a", "b", "a", "c", "b")]
+    assert [r.admitted for r in results] == [True, True, True, False, True]
+    assert [r.reservation.new_query for r in results] == [True, True, False, False, False]
+    assert results[-1].ledger.used("unique_queries") == 2 and results[-1].ledger.used("retrieval_calls") == 4
+    other = await store.reserve(tid(), META, limits, q("c"), T0)  # another task has its own set
+    assert other.admitted and other.reservation.new_query
+
+
+async def test_settle_replaces_the_reservation_with_actual_use(store: Store) -> None:
+    t = tid()
+    limits = {"max_completion_tokens": 120, "max_cost_usd": 10**9}
+    d = await store.reserve(t, META, limits, LLM, T0)
+    assert d.ledger.used("completion_tokens") == 50 and d.ledger.used("cost_nusd") == 6_000
+    after = await store.settle(t, d.reservation, Actual(context_tokens=90, completion_tokens=7, cost_nusd=1_500), T0 + 5)
+    assert after is not None
+    assert (after.used("context_tokens"), after.used("completion_tokens"), after.used("cost_nusd")) == (90, 7, 1_500)
+    assert after.last_ms == T0 + 5 and after.used("inflight") == 0
+
+
+async def test_completion_and_cost_admit_until_used_up(store: Store) -> None:
+    t = tid()
+    limits = {"max_completion_tokens": 100}
+    d = await store.reserve(t, META, limits, LLM, T0)
+    await store.settle(t, d.reservation, Actual(completion_tokens=100), T0)
+    d = await store.reserve(t, META, limits, LLM, T0)
+    assert (d.admitted, d.dimension) == (False, "max_completion_tokens")
+    t2 = tid()
+    cost = {"max_cost_usd": round(0.002 * bm.NANO)}
+    per_call = Charge(retrieval_calls=1, cost_certain=500_000)
+    admitted = [(await store.reserve(t2, META, cost, per_call, T0)).admitted for _ in range(5)]
+    assert admitted == [True, True, True, True, False]
+
+
+async def test_deadline_runs_from_the_first_call(store: Store) -> None:
+    t = tid()
+    limits = {"max_latency_ms": 1000}
+    assert (await store.reserve(t, META, limits, LLM, T0)).admitted
+    assert (await store.reserve(t, META, limits, LLM, T0 + 999)).admitted
+    d = await store.reserve(t, META, limits, Charge(calls=1, cache_hit=True), T0 + 1000)
+    assert (d.admitted, d.dimension) == (False, "max_latency_ms")
+
+
+async def test_stalled_retrievals_count_consecutive_calls_without_new_chunks(store: Store) -> None:
+    t = tid()
+    limits = {"max_stalled_retrievals": 2}
+    r = Charge(retrieval_calls=1)
+
+    async def retrieve(chunks: tuple[str, ...]) -> int:
+        d = await store.reserve(t, META, limits, r, T0)
+        assert d.admitted
+        after = await store.settle(t, d.reservation, Actual(chunk_ids=chunks), T0)
+        assert after is not None
+        return after.used("stalled")
+
+    assert await retrieve(("a", "b")) == 0
+    assert await retrieve(("b", "a")) == 1
+    assert await retrieve(()) == 2
+    d = await store.reserve(t, META, limits, r, T0)
+    assert (d.admitted, d.dimension) == (False, "max_stalled_retrievals")
+    assert (await store.reserve(t, META, limits, LLM, T0)).admitted  # the agent may still answer
+    ledger = await store.get_task(t)
+    assert ledger is not None and ledger.chunks_seen == 2
+
+
+async def test_new_chunk_resets_the_stall(store: Store) -> None:
+    t = tid()
+    r = Charge(retrieval_calls=1)
+    for chunks, expected in ((("a",), 0), (("a",), 1), (("a", "z"), 0)):
+        d = await store.reserve(t, META, {}, r, T0)
+        after = await store.settle(t, d.reservation, Actual(chunk_ids=chunks), T0)
+        assert after is not None and after.used("stalled") == expected
+
+
+async def test_shadow_admits_and_records_what_it_would_refuse(store: Store) -> None:
+    t = tid()
+    limits = {"max_steps": 1}
+    ds = [await store.reserve(t, META, limits, LLM, T0, shadow=True) for _ in range(3)]
+    assert all(d.admitted for d in ds)
+    assert [d.dimension for d in ds] == [None, "max_steps", "max_steps"]
+    assert ds[-1].ledger.shadow_rejections == {"max_steps": 2}
+    assert ds[-1].ledger.rejections == {} and ds[-1].ledger.exhausted is None
+    assert ds[-1].ledger.used("steps") == 3
+
+
+async def test_a_task_keeps_the_profile_of_its_first_call(store: Store) -> None:
+    t = tid()
+    assert (await store.reserve(t, META, {}, LLM, T0)).admitted
+    d = await store.reserve(t, TaskMeta("wide"), {}, LLM, T0)
+    assert d.profile_conflict == "bounded" and not d.admitted
+    ledger = await store.get_task(t)
+    assert ledger is not None and ledger.used("steps") == 1
+
+
+async def test_cache_hit_counts_a_call_and_a_hit_only(store: Store) -> None:
+    t = tid()
+    d = await store.reserve(t, META, {"max_retrieval_calls": 0}, Charge(calls=1, cache_hit=True), T0)
+    assert d.admitted
+    assert d.ledger.used("calls") == 1 and d.ledger.used("cache_hits") == 1 and d.ledger.used("retrieval_calls") == 0
+
+
+async def test_end_task_returns_the_ledger_exactly_once(store: Store) -> None:
+    t = tid()
+    await store.reserve(t, META, {}, LLM, T0)
+    results = await asyncio.gather(*[store.end_task(t) for _ in range(5)])
+    ended = [r for r in results if r is not None]
+    assert len(ended) == 1 and ended[0].used("steps") == 1 and ended[0].task_id == t
+    assert await store.get_task(t) is None
+    assert await store.settle(t, ended[0] and bm.Reservation(), Actual(), T0) is None
+    # the next call of that id starts a fresh task
+    d = await store.reserve(t, META, {"max_steps": 1}, LLM, T0 + 10)
+    assert d.admitted and d.ledger.used("steps") == 1 and d.ledger.started_ms == T0 + 10
+
+
+async def test_idle_end_spares_active_and_in_flight_tasks(store: Store) -> None:
+    idle, busy, streaming = tid(), tid(), tid()
+    for t in (idle, busy, streaming):
+        d = await store.reserve(t, META, {}, LLM, T0)
+        if t != streaming:
+            await store.settle(t, d.reservation, Actual(), T0)
+    await store.reserve(busy, META, {}, LLM, T0 + 5_000)
+    cutoff = T0 + 1_000
+    listed = await store.idle_tasks(cutoff)
+    assert idle in listed and busy not in listed
+    assert await store.end_task(busy, idle_before_ms=cutoff) is None
+    assert await store.end_task(streaming, idle_before_ms=cutoff) is None  # a call is still in flight
+    ended = await store.end_task(idle, idle_before_ms=cutoff)
+    assert ended is not None and ended.task_id == idle
+    assert await store.get_task(busy) is not None and await store.get_task(streaming) is not None
+
+
+async def test_concurrent_reserves_never_overshoot_a_count(store: Store) -> None:
+    t = tid()
+    limits = {"max_steps": 50, "max_unique_queries": 7}
+    decisions = await asyncio.gather(*[store.reserve(t, META, limits, LLM, T0) for _ in range(200)])
+    assert sum(d.admitted for d in decisions) == 50
+    queries = await asyncio.gather(*[
+        store.reserve(t, META, limits, Charge(retrieval_calls=1, query_key=f"q{i % 20}"), T0) for i in range(100)])
+    ledger = await store.get_task(t)
+    assert ledger is not None and ledger.used("unique_queries") == 7
+    assert sum(1 for d in queries if d.reservation.new_query) == 7
+
+
+async def test_odd_task_ids_stay_apart(store: Store) -> None:
+    ids = ["a}b", "a{b", "x\nfoo", "ünïcødé", "*", "ragtoll:{t:x}:h", "a" * 128]
+    for i, t in enumerate(ids):
+        await store.reserve(t, META, {}, Charge(calls=1 + i), T0)
+    for i, t in enumerate(ids):
+        ledger = await store.get_task(t)
+        assert ledger is not None and ledger.task_id == t and ledger.used("calls") == 1 + i
+        await store.end_task(t)
+
+
+async def test_ping(store: Store) -> None:
+    await store.ping()

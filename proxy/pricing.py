@@ -81,7 +81,8 @@ class Prices:
             return hit
         for name in self._prefixes:
             # dated snapshots and suffixes: gpt-4o-2024-08-06, claude-sonnet-4-5-20250929, gpt-4o:ft-...
-            if m.startswith(name) and m[len(name)] in "-:@.":
+            # ("." is not a boundary: gpt-5.2 is a different model from gpt-5, with its own price)
+            if m.startswith(name) and m[len(name)] in "-:@":
                 return self.models[name]
         return None
 

@@ -72,19 +72,19 @@ def parse_record(raw: Any, where: str) -> dict[str, Any]:
 def read_jsonl(path: str) -> list[dict[str, Any]]:
     """Records of a JSONL file; blank lines skipped, any other bad line is an error naming it."""
     try:
-        fh = open(path, "rb")
+        with open(path, "rb") as fh:
+            lines = fh.read().splitlines()
     except OSError as exc:
         raise ReportError(f"cannot read task records {path!r}: {exc.strerror}") from exc
     out = []
-    with fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                raw = orjson.loads(line)
-            except orjson.JSONDecodeError as exc:
-                raise ReportError(f"{path}:{n}: not JSON ({exc})") from exc
-            out.append(parse_record(raw, f"{path}:{n}"))
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            raw = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            raise ReportError(f"{path}:{n}: not JSON ({exc})") from exc
+        out.append(parse_record(raw, f"{path}:{n}"))
     return out
 
 
@@ -97,7 +97,8 @@ def read_stream(url: str, key: str, *, batch: int = 1000) -> list[dict[str, Any]
     start = "-"
     try:
         while True:
-            entries = client.xrange(key, min=start, max="+", count=batch)
+            entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(  # type: ignore[assignment]
+                key, min=start, max="+", count=batch)
             for entry_id, fields in entries:
                 out.append(parse_record(_entry(fields), f"{key}#{entry_id.decode()}"))
             if len(entries) < batch:
@@ -190,7 +191,10 @@ def _row(name: str, recs: list[Mapping[str, Any]]) -> Row:
     n = len(recs)
     judged = [r for r in recs if r.get("outcome") is not None]
     correct = sum(1 for r in judged if r["outcome"]["correct"])
-    mean = lambda key: sum(float(r[key]) for r in recs) / n  # noqa: E731
+
+    def mean(key: str) -> float:
+        return sum(float(r[key]) for r in recs) / n
+
     lookups = sum(r["cache_hits"] + r["retrieval_calls"] + r["rerank_calls"] for r in recs)
     judged_cost = sum(float(r["cost_usd"]) for r in judged)
     durations = [float(r["duration_ms"]) for r in recs]
@@ -248,9 +252,12 @@ def format_rows(rows: Sequence[Row], fmt: str = "table", by: str = "profile") ->
 
 def render_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *body)]
-    line = lambda cells: "  ".join(  # noqa: E731
-        str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
-    ).rstrip()
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=False))
+        ).rstrip()
+
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(b) for b in body)]) + "\n"
 
 
@@ -314,8 +321,8 @@ def recommend(records: Iterable[Mapping[str, Any]], percentile_: float = 95, hea
 
 def _round_up(value: float, dim: str) -> float:
     if dim == "max_cost_usd":
-        digits = max(0, 3 - int(math.floor(math.log10(value)))) if value > 0 else 4
-        return math.ceil(value * 10**digits) / 10**digits
+        digits = max(0, 3 - math.floor(math.log10(value))) if value > 0 else 4
+        return float(math.ceil(value * 10**digits) / 10**digits)
     return float(math.ceil(value - 1e-9))
 
 
@@ -329,7 +336,7 @@ def format_advice(advice: Sequence[ProfileAdvice], percentile_: float, headroom:
         if not a.suggestions:
             lines.append("      {}  # no basis tasks: keep the current limits")
         for s in a.suggestions:
-            value = f"{s.limit:g}" if s.dimension == "max_cost_usd" else f"{int(s.limit)}"
+            value = f"{s.limit:g}" if s.dimension == "max_cost_usd" else str(round(s.limit))
             lines.append(f"      {s.dimension}: {value}".ljust(36)
                          + f"# p{percentile_:g}={s.observed:.4g}; would have cut {s.cut} ({s.cut_correct} correct)")
     return "\n".join(lines) + "\n"

@@ -28,10 +28,10 @@ def cost_svg(records: Sequence[Mapping[str, Any]], by: str) -> str:
     plot_w, plot_h = _W - left - 20, height - top - bottom
     peak = max((float(r["cost_usd"]) for r in recs), default=0.0) or 1.0
     bar = plot_w / max(len(recs), 1)
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif" '
-             f'font-size="11"><title>Cost per task</title>',
-             f'<text x="{left}" y="18" font-size="14" font-weight="bold">Cost per task (USD), grouped by {_esc(by)}; '
-             'green correct, red wrong, grey not judged</text>']
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif" '
+              f'font-size="11"><title>Cost per task</title>'),
+             (f'<text x="{left}" y="18" font-size="14" font-weight="bold">Cost per task (USD), grouped by {_esc(by)}; '
+              'green correct, red wrong, grey not judged</text>')]
     for frac in (0, 0.5, 1):
         y = top + plot_h * (1 - frac)
         parts.append(f'<line x1="{left}" x2="{_W - 20}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
@@ -62,10 +62,10 @@ def budget_svg(records: Sequence[Mapping[str, Any]], by: str) -> str:
     row_h, label_w, height_top = 26 + 12 * len(groups), 190, 40
     height = height_top + row_h * len(dims) + 20
     plot_w = _W - label_w - 160
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif" '
-             f'font-size="11"><title>Budget use per dimension</title>',
-             f'<text x="10" y="18" font-size="14" font-weight="bold">Budget use per dimension by {_esc(by)}: '
-             'bar p50, whisker p95, tick max; rejections at right</text>']
+    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif" '
+              f'font-size="11"><title>Budget use per dimension</title>'),
+             (f'<text x="10" y="18" font-size="14" font-weight="bold">Budget use per dimension by {_esc(by)}: '
+              'bar p50, whisker p95, tick max; rejections at right</text>')]
     for gi, g in enumerate(groups):
         parts.append(f'<rect x="{10 + gi * 120}" y="26" width="10" height="10" fill="{_GROUP_COLOURS[gi % 7]}"/>'
                      f'<text x="{24 + gi * 120}" y="35">{_esc(g)}</text>')

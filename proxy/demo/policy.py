@@ -21,9 +21,9 @@ CONFIDENT = 0.75  # share of the question's terms an answer sentence must contai
 PATIENCE = 3  # unconfident searches before giving up
 VERIFY_ROUNDS = 2  # extra searches to corroborate an answer already found
 ABSTAIN = "I could not find a supported answer in the documents available to me."
-_TWO_HOP = re.compile(r"^(?P<head>.+?) the (?P<kind>service|team) that (?P<rel>[^?]+)\?*$", re.I)
-_JOINED = re.compile(r"^(?P<first>[^,]+?),\s*and\s+(?P<second>[^?]+)\?*$", re.I)
-_PRONOUN = re.compile(r"\b(?:its|it|their|them|they)\b", re.I)
+_TWO_HOP = re.compile(r"^(?P<head>.+?) the (?P<kind>service|team) that (?P<rel>[^?]+)\?*$", re.IGNORECASE)
+_JOINED = re.compile(r"^(?P<first>[^,]+?),\s*and\s+(?P<second>[^?]+)\?*$", re.IGNORECASE)
+_PRONOUN = re.compile(r"\b(?:its|it|their|them|they)\b", re.IGNORECASE)
 _POINTER = re.compile(r"\b(?:summarised in|continued in|see) ([a-z0-9][a-z0-9 ]*[a-z0-9])")
 _CAPS = re.compile(r"\b[A-Z][a-zA-Z0-9-]*(?: [A-Z][a-zA-Z0-9-]*)*")
 

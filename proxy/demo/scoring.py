@@ -70,8 +70,13 @@ def compare(shadow: Sequence[Mapping[str, Any]], enforced: Sequence[Mapping[str,
     """The two runs side by side, every number computed from ragtoll's task records."""
     a, b = overall(shadow, "shadow"), overall(enforced, "enforced")
     would = sum(1 for r in shadow if r.get("would_reject") or r.get("exhausted")) / len(shadow)
-    acc = lambda r: f"{r.correct}/{r.judged} ({(r.accuracy or 0) * 100:.1f}%)"  # noqa: E731
-    rate = lambda v: "-" if v is None else f"{v * 100:.1f}%"  # noqa: E731
+
+    def acc(r: Row) -> str:
+        return f"{r.correct}/{r.judged} ({(r.accuracy or 0) * 100:.1f}%)"
+
+    def rate(v: float | None) -> str:
+        return "-" if v is None else f"{v * 100:.1f}%"
+
     body = [
         ["tasks", str(a.tasks), str(b.tasks), ""],
         ["correct answers", acc(a), acc(b), f"{((b.accuracy or 0) - (a.accuracy or 0)) * 100:+.1f} pts"],

@@ -6,7 +6,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 
@@ -17,7 +17,7 @@ class _ThreadServer(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def serve(app: Any, *, host: str = "127.0.0.1", port: int = 0, lifespan: str = "auto") -> Iterator[str]:
+def serve(app: Any, *, host: str = "127.0.0.1", port: int = 0, lifespan: Literal["auto", "on", "off"] = "auto") -> Iterator[str]:
     """Yields the base URL once the server accepts connections; stops it (gracefully) on exit."""
     config = uvicorn.Config(app, host=host, port=port, log_level="error", lifespan=lifespan, access_log=False,
                             loop="asyncio", timeout_graceful_shutdown=2, server_header=False, date_header=False)

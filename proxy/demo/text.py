@@ -11,9 +11,7 @@ import re
 _TOKEN = re.compile(r"[a-z0-9]+(?:[.\-][a-z0-9]+)*")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 STOPWORDS = frozenset(
-    "a an the is are was were be been of for to in on at by and or what whats which who whom how when where why "
-    "do does did i my we you it its this that these with from long many much often must can should there their "
-    "them they me our per about any s into than then before during".split()
+    ["a", "an", "the", "is", "are", "was", "were", "be", "been", "of", "for", "to", "in", "on", "at", "by", "and", "or", "what", "whats", "which", "who", "whom", "how", "when", "where", "why", "do", "does", "did", "i", "my", "we", "you", "it", "its", "this", "that", "these", "with", "from", "long", "many", "much", "often", "must", "can", "should", "there", "their", "them", "they", "me", "our", "per", "about", "any", "s", "into", "than", "then", "before", "during"]
 )
 # what a search engine's synonym file (and a language model) would treat as one meaning
 SYNONYMS = {"period": "window", "yearly": "annual", "subscription": "plan", "led": "lead", "leader": "lead",

@@ -8,7 +8,6 @@ import pathlib
 import threading
 
 import pytest
-
 from ragtoll.proxy import report
 from ragtoll.proxy.cli import main
 from ragtoll.proxy.demo import corpus, runner, scoring

@@ -9,7 +9,6 @@ import pathlib
 import orjson
 import pytest
 import redis
-
 from ragtoll.proxy import report, report_plot
 from ragtoll.proxy.cli import main
 
@@ -94,7 +93,6 @@ def test_recommend_without_outcomes_uses_tasks_that_did_not_exhaust(records: lis
 
 def test_recommend_snippet_is_yaml_config(records: list[dict[str, object]]) -> None:
     import yaml
-
     from ragtoll.proxy import config
 
     snippet = report.format_advice(report.recommend(records), 95, 1.2)

@@ -107,7 +107,7 @@ for n in range(1, 41):
     add("finance-archive", n, f"Finance archive part {n}: the revenue of Northwind for earlier years is summarised in finance archive part {n + 1}.", ["public"], "Finance archive")
 print(len(chunks))
 with open(str(HERE / "corpus.jsonl"), "w") as f:
-    for c in chunks: f.write(json.dumps(c) + "\n")
+    f.writelines(json.dumps(c) + "\n" for c in chunks)
 
 # workload: (kind, principal, question, gold). gold None = the right answer is "not found"
 W = []

@@ -147,6 +147,7 @@ class Row:
     total_cost_usd: float
     cost_per_correct_usd: float | None  # cost of judged tasks / their correct answers
     exhaustion_rate: float
+    would_exhaust_rate: float | None  # shadow mode: tasks a limit would have stopped (None: not recorded)
     cache_hit_rate: float | None  # cache hits / (hits + retrieval and rerank calls sent upstream)
     latency_p50_ms: float
     latency_p95_ms: float
@@ -206,6 +207,8 @@ def _row(name: str, recs: list[Mapping[str, Any]]) -> Row:
         total_cost_usd=sum(float(r["cost_usd"]) for r in recs),
         cost_per_correct_usd=judged_cost / correct if correct else None,
         exhaustion_rate=sum(1 for r in recs if r.get("exhausted")) / n,
+        would_exhaust_rate=(sum(1 for r in recs if r.get("would_reject") or r.get("exhausted")) / n
+                            if any("would_reject" in r for r in recs) else None),
         cache_hit_rate=sum(r["cache_hits"] for r in recs) / lookups if lookups else None,
         latency_p50_ms=percentile(durations, 50), latency_p95_ms=percentile(durations, 95),
     )
@@ -217,6 +220,7 @@ _COLUMNS = (
     ("retrieval_calls", "retrievals/task", ".2f"), ("rerank_calls", "reranks/task", ".2f"),
     ("context_tokens", "ctx tokens/task", ".0f"), ("cost_usd", "cost/task", "$"),
     ("cost_per_correct_usd", "cost/correct", "$"), ("exhaustion_rate", "exhausted", "%"),
+    ("would_exhaust_rate", "would exhaust", "%"),
     ("cache_hit_rate", "cache hits", "%"), ("latency_p50_ms", "p50 ms", ".0f"),
     ("latency_p95_ms", "p95 ms", ".0f"),
 )

@@ -69,7 +69,6 @@ def _money(v: float | None) -> str:
 def compare(shadow: Sequence[Mapping[str, Any]], enforced: Sequence[Mapping[str, Any]]) -> tuple[str, Row, Row]:
     """The two runs side by side, every number computed from ragtoll's task records."""
     a, b = overall(shadow, "shadow"), overall(enforced, "enforced")
-    would = sum(1 for r in shadow if r.get("would_reject") or r.get("exhausted")) / len(shadow)
 
     def acc(r: Row) -> str:
         return f"{r.correct}/{r.judged} ({(r.accuracy or 0) * 100:.1f}%)"
@@ -89,7 +88,7 @@ def compare(shadow: Sequence[Mapping[str, Any]], enforced: Sequence[Mapping[str,
         ["cost / task", _money(a.cost_usd), _money(b.cost_usd), _pct(b.cost_usd, a.cost_usd)],
         ["cost / correct answer", _money(a.cost_per_correct_usd), _money(b.cost_per_correct_usd),
          _pct(b.cost_per_correct_usd, a.cost_per_correct_usd)],
-        ["budget exhaustion rate", f"{rate(a.exhaustion_rate)} (would: {rate(would)})", rate(b.exhaustion_rate), ""],
+        ["budget exhaustion rate", f"{rate(a.exhaustion_rate)} (would: {rate(a.would_exhaust_rate)})", rate(b.exhaustion_rate), ""],
         ["cache hit rate", rate(a.cache_hit_rate), rate(b.cache_hit_rate), ""],
         ["task latency p95", f"{a.latency_p95_ms:.0f} ms", f"{b.latency_p95_ms:.0f} ms",
          _pct(b.latency_p95_ms, a.latency_p95_ms)],

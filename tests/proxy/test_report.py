@@ -153,3 +153,12 @@ def test_report_and_recommend_from_redis_stream(redis_url: str, capsys: pytest.C
     assert rows[-1]["tasks"] == 10
     assert main(["recommend", "--redis-url", redis_url, "--stream", key, "--percentile", "90"]) == 0
     assert "max_retrieval_calls" in capsys.readouterr().out
+
+
+def test_shadow_records_say_how_many_tasks_a_limit_would_have_stopped(records: list[dict[str, object]]) -> None:
+    assert report.overall(records).would_exhaust_rate is None  # the fixture predates would_reject
+    shadow = [dict(r, exhausted=None, would_reject={"max_steps": 1} if r["task_id"] in ("t5", "b4") else {})
+              for r in records]
+    row = report.overall(shadow)
+    assert row.exhaustion_rate == 0 and row.would_exhaust_rate == pytest.approx(0.2)
+    assert "would exhaust" in report.format_rows([row]).splitlines()[0]

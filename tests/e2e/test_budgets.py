@@ -1,0 +1,386 @@
+"""Per-task budgets end to end over loopback: real SDKs, the rejection contract, baggage trust,
+mid-stream cuts, the deadline, shadow mode, evidence stalls and the cache-hit charge."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import anthropic
+import http_sfv
+import httpx
+import openai
+import orjson
+import pytest
+
+from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
+from ragtoll.instrumentation import semconv as sc
+
+CHAT = "/v1/chat/completions"
+PRICING = {"gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.60}, "docs": {"per_call": 0.0005}}
+
+
+def upstreams(base: str) -> list[dict[str, Any]]:
+    ups = [u for u in default_upstreams(base) if u["name"] != "docs"]
+    return ups + [
+        {"name": "docs", "kind": "retrieval", "api": "json", "url": base, "prefix": "/docs"},
+        {"name": "claude", "kind": "llm", "api": "anthropic", "url": base, "prefix": "/anthropic"},
+    ]
+
+
+def budgets(**profile: Any) -> dict[str, Any]:
+    return {"default_profile": "p", "profiles": {"p": profile}}
+
+
+def task() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def chat(http: httpx.Client, base: str, task_id: str, headers: dict[str, str] | None = None,
+         **body: Any) -> httpx.Response:
+    doc = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], **body}
+    return http.post(f"{base}/openai{CHAT}", json=doc, headers={"x-ragtoll-task-id": task_id, **(headers or {})})
+
+
+def search(http: httpx.Client, base: str, task_id: str, query: str) -> httpx.Response:
+    return http.post(f"{base}/docs/search", json={"query": query, "top_k": 3}, headers={"x-ragtoll-task-id": task_id})
+
+
+def remaining(resp: httpx.Response) -> dict[str, Any]:
+    d = http_sfv.Dictionary()
+    d.parse(resp.headers["x-ragtoll-budget-remaining"].encode())
+    return {k: v.value for k, v in d.items()}
+
+
+def call_spans(telemetry: Telemetry, prefix: str) -> list[Any]:
+    return sorted((s for s in telemetry.spans() if s.name.startswith(prefix)), key=lambda s: s.start_time)
+
+
+def test_openai_sdk_sees_one_budget_error_and_the_upstream_no_retry(proxy: ProxyFactory, upstream: Upstream,
+                                                                     telemetry: Telemetry) -> None:
+    t = task()
+    with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_steps=2)) as base:
+        client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key="sk-test", max_retries=3,
+                               default_headers={"x-ragtoll-task-id": t})
+        for _ in range(2):
+            client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}])
+        with pytest.raises(openai.RateLimitError) as info:
+            client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}])
+    assert upstream.app.state.calls[CHAT] == 2
+    resp = info.value.response
+    assert resp.status_code == 429
+    assert resp.headers["x-should-retry"] == "false"
+    assert "retry-after" not in resp.headers
+    assert remaining(resp) == {"max_steps": 0}
+    err = resp.json()["error"]
+    assert (err["code"], err["dimension"], err["limit"], err["used"], err["profile"], err["task_id"]) == \
+        ("budget_exceeded", "max_steps", 2, 2, "p", t)
+    rejected = call_spans(telemetry, "chat")[-1]
+    assert rejected.attributes[sc.BUDGET_EXCEEDED] is True
+    assert rejected.attributes[sc.BUDGET_EXCEEDED_DIMENSION] == "max_steps"
+    assert rejected.attributes[sc.budget_used("max_steps")] == 2
+    assert any(e.name == sc.EVENT_EXCEEDED and e.attributes["dimension"] == "max_steps" for e in rejected.events)
+    points = telemetry.reader.get_metrics_data().resource_metrics[0].scope_metrics
+    rejections = [m for s in points for m in s.metrics if m.name == sc.METRIC_REJECTIONS]
+    assert rejections[0].data.data_points[0].attributes == {"dimension": "max_steps", "profile": "p",
+                                                            "mode": "enforce"}
+
+
+def test_reject_status_is_configurable(proxy: ProxyFactory, upstream: Upstream) -> None:
+    with proxy(upstreams=upstreams(upstream.url), budgets={**budgets(max_calls=0), "reject_status": 402}) as base, \
+            httpx.Client() as http:
+        r = chat(http, base, task())
+    assert r.status_code == 402 and r.json()["error"]["dimension"] == "max_calls"
+    assert upstream.app.state.calls[CHAT] == 0
+
+
+def test_anthropic_sdk_gets_an_anthropic_shaped_error(proxy: ProxyFactory, upstream: Upstream) -> None:
+    t = task()
+    with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_steps=0)) as base:
+        client = anthropic.Anthropic(base_url=f"{base}/anthropic", api_key="k", max_retries=3,
+                                     default_headers={"x-ragtoll-task-id": t})
+        with pytest.raises(anthropic.RateLimitError) as info:
+            client.messages.create(model="claude-test-model", max_tokens=100,
+                                   messages=[{"role": "user", "content": "hi"}])
+    body = info.value.response.json()
+    assert body["type"] == "error" and body["error"]["dimension"] == "max_steps"
+    assert body["error"]["task_id"] == t and upstream.app.state.calls["/v1/messages"] == 0
+
+
+def test_plain_routes_get_a_plain_error(proxy: ProxyFactory, upstream: Upstream) -> None:
+    t = task()
+    with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_retrieval_calls=1)) as base, \
+            httpx.Client() as http:
+        assert search(http, base, t, "refund policy").status_code == 200
+        r = search(http, base, t, "refund window")
+    assert r.status_code == 429 and r.headers["x-should-retry"] == "false"
+    err = r.json()["error"]
+    assert err["dimension"] == "max_retrieval_calls" and err["limit"] == 1 and err["used"] == 1
+    assert upstream.app.state.calls["/search"] == 1
+
+
+def test_every_response_carries_remaining_and_a_warning_past_the_fraction(
+        proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry) -> None:
+    t = task()
+    cfg = {**budgets(max_steps=5, max_cost_usd=0.05, max_context_tokens=10_000), "warn_fraction": 0.6}
+    with proxy(upstreams=upstreams(upstream.url), budgets=cfg, pricing=PRICING) as base, httpx.Client() as http:
+        rs = [chat(http, base, t, max_tokens=20) for _ in range(3)]
+    assert [remaining(r)["max_steps"] for r in rs] == [4, 3, 2]
+    left = remaining(rs[0])
+    assert 0 < float(left["max_cost_usd"]) <= 0.05 and left["max_context_tokens"] < 10_000
+    assert "x-ragtoll-budget-warning" not in rs[1].headers
+    assert "max_steps" in rs[2].headers["x-ragtoll-budget-warning"]
+    last = call_spans(telemetry, "chat")[-1]
+    assert any(e.name == sc.EVENT_WARNING and e.attributes["dimension"] == "max_steps" for e in last.events)
+    assert last.attributes[sc.budget_remaining("max_steps")] == 2
+    assert last.attributes[sc.COST_USD] > 0
+
+
+def test_shadow_mode_rejects_nothing_and_records_everything(proxy: ProxyFactory, upstream: Upstream,
+                                                            telemetry: Telemetry) -> None:
+    t = task()
+    with proxy(upstreams=upstreams(upstream.url), budgets={**budgets(max_steps=1), "mode": "shadow"}) as base, \
+            httpx.Client() as http:
+        rs = [chat(http, base, t) for _ in range(3)]
+        ended = _admin_end(http, base, t)
+    assert [r.status_code for r in rs] == [200, 200, 200]
+    assert upstream.app.state.calls[CHAT] == 3
+    assert "x-ragtoll-budget-would-reject" not in rs[0].headers
+    assert rs[2].headers["x-ragtoll-budget-would-reject"] == "max_steps"
+    spans = call_spans(telemetry, "chat")
+    assert spans[2].attributes[sc.BUDGET_WOULD_REJECT] == "max_steps"
+    assert spans[2].attributes[sc.BUDGET_MODE] == "shadow"
+    assert any(e.name == sc.EVENT_EXCEEDED and e.attributes["would_reject"] for e in spans[2].events)
+    assert ended["would_reject"] == {"max_steps": 2} and ended["rejections"] == {} and ended["steps"] == 3
+
+
+def test_shadow_per_profile(proxy: ProxyFactory, upstream: Upstream) -> None:
+    cfg = {"default_profile": "p", "profiles": {"p": {"max_steps": 0, "mode": "shadow"}, "q": {"max_steps": 0}}}
+    with proxy(upstreams=upstreams(upstream.url), budgets=cfg) as base, httpx.Client() as http:
+        shadowed = chat(http, base, task())
+        enforced = chat(http, base, task(), headers={"baggage": "ragtoll.budget.profile=q"})
+    assert (shadowed.status_code, enforced.status_code) == (200, 429)
+
+
+def test_forged_baggage_cannot_raise_a_limit_but_can_lower_it(proxy: ProxyFactory, upstream: Upstream,
+                                                             telemetry: Telemetry) -> None:
+    raise_it = {"baggage": "ragtoll.budget.max_steps=100"}
+    lower_it = {"baggage": "ragtoll.budget.max_steps=1"}
+    t1, t2 = task(), task()
+    with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_steps=2)) as base, httpx.Client() as http:
+        forged = [chat(http, base, t1, raise_it).status_code for _ in range(3)]
+        lowered = [chat(http, base, t2, lower_it).status_code for _ in range(2)]
+        bad = chat(http, base, task(), {"baggage": "ragtoll.budget.max_steps=lots"})
+    assert forged == [200, 200, 429]
+    assert lowered == [200, 429]
+    assert bad.status_code == 200  # malformed budget baggage falls back to policy, never an error
+    notes = [s.attributes.get(sc.BUDGET_NOTES) for s in call_spans(telemetry, "chat")]
+    assert any(n and any("can only lower" in x for x in n) for n in notes)
+    assert any(n and any("not a non-negative number" in x for x in n) for n in notes)
+
+
+def test_profile_from_baggage_rule_and_default(proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry) -> None:
+    cfg = {"default_profile": "p",
+           "profiles": {"p": {"max_steps": 5}, "gold": {"max_steps": 50}, "closed": {"allow_selection": False}},
+           "rules": [{"profile": "gold", "header": "x-tier", "equals": "gold"}]}
+    with proxy(upstreams=upstreams(upstream.url), budgets=cfg) as base, httpx.Client() as http:
+        by_baggage = chat(http, base, task(), {"baggage": "ragtoll.budget.profile=gold"})
+        by_rule = chat(http, base, task(), {"x-tier": "gold"})
+        refused = chat(http, base, task(), {"baggage": "ragtoll.budget.profile=closed"})
+    assert remaining(by_baggage)["max_steps"] == 49 and remaining(by_rule)["max_steps"] == 49
+    assert remaining(refused)["max_steps"] == 4
+    sources = [(s.attributes[sc.PROFILE], s.attributes[sc.PROFILE_SOURCE]) for s in call_spans(telemetry, "chat")]
+    assert sources == [("gold", "baggage"), ("gold", "rule"), ("p", "default")]
+
+
+def test_unique_queries_and_stalled_retrievals(proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry) -> None:
+    t, s = task(), task()
+    with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_unique_queries=2, max_stalled_retrievals=1),
+               cache={"enabled": False}) as base, httpx.Client() as http:
+        uq = [search(http, base, t, q).status_code for q in ("refund policy", "Refund  Policy", "plans", "pricing")]
+        stall = [search(http, base, s, "refund policy").status_code for _ in range(3)]
+    assert uq == [200, 200, 200, 429]  # a repeated intent (case and spaces differ) is not new
+    assert stall == [200, 200, 429]  # the second returned nothing new: one stalled retrieval is the limit
+    spans = call_spans(telemetry, "retrieval")
+    assert [sp.attributes.get(sc.QUERY_NEW) for sp in spans[:4]] == [True, False, True, False]
+    assert spans[-1].attributes[sc.BUDGET_EXCEEDED_DIMENSION] == "max_stalled_retrievals"
+
+
+def test_stream_is_cut_cleanly_when_completion_tokens_run_out(proxy: ProxyFactory, upstream: Upstream,
+                                                              telemetry: Telemetry) -> None:
+    t = task()
+    with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_completion_tokens=2)) as base:
+        client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key="sk-test", max_retries=0,
+                               default_headers={"x-ragtoll-task-id": t, "x-test-delay": "0.05"})
+        stream = client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}],
+                                                stream=True)
+        chunks = list(stream)
+        with httpx.Client() as http:
+            after = chat(http, base, t)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "Hello"
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert after.status_code == 429 and after.json()["error"]["dimension"] == "max_completion_tokens"
+    span = call_spans(telemetry, "chat")[0]
+    assert span.attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"
+    assert any(e.name == sc.EVENT_EXCEEDED and e.attributes["stream_cut"] for e in span.events)
+
+
+def test_stream_cut_ends_with_done_on_the_wire(proxy: ProxyFactory, upstream: Upstream) -> None:
+    body = {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": "q"}]}
+    with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_completion_tokens=1)) as base, \
+            httpx.Client() as http:
+        raw = http.post(f"{base}/openai{CHAT}", json=body,
+                        headers={"x-ragtoll-task-id": task(), "x-test-delay": "0.05"}).content
+    events = [e for e in raw.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    assert orjson.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+    assert all(e.startswith(b"data: ") for e in events)
+
+
+def test_deadline_rejects_late_calls_and_clamps_the_upstream_timeout(proxy: ProxyFactory, upstream: Upstream) -> None:
+    t, slow = task(), task()
+    with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_latency_ms=400)) as base, \
+            httpx.Client(timeout=30) as http:
+        first = chat(http, base, t)
+        time.sleep(0.45)
+        late = chat(http, base, t)
+        clamped = chat(http, base, slow, {"x-test-delay": "5"})
+    assert first.status_code == 200
+    assert late.status_code == 429 and late.json()["error"]["dimension"] == "max_latency_ms"
+    assert clamped.status_code == 504  # the 120 s read timeout was clamped to the 0.4 s left
+
+
+def test_cache_hit_is_charged_as_a_call_and_served(proxy: ProxyFactory, upstream: Upstream,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from ragtoll.proxy import app as app_module
+    from ragtoll.proxy.pipeline import Reply
+
+    class Hit:
+        tier = "exact"
+        reply = Reply(200, b'{"results": [{"id": "cached"}]}')
+
+    class CacheHitStage:  # stands in for the evidence stage (issue 5): a hit for queries saying "cached"
+        async def on_request(self, ex: Any) -> None:
+            if b"cached" in (ex.body or b""):
+                ex.state["cache_hit"] = Hit()
+
+        async def on_end(self, ex: Any) -> None:
+            return None
+
+    original = app_module.build_stages
+    monkeypatch.setattr(app_module, "build_stages", lambda *a, **k: [CacheHitStage(), *original(*a, **k)])
+    t = task()
+    cfg = budgets(max_retrieval_calls=1, max_unique_queries=1, max_calls=3)
+    with proxy(upstreams=upstreams(upstream.url), budgets=cfg) as base, httpx.Client() as http:
+        live = search(http, base, t, "live one")
+        hits = [search(http, base, t, f"cached {i}") for i in range(3)]
+        ledger = http.get(f"{base}/admin/tasks/{t}", headers=_auth(monkeypatch))
+    assert live.status_code == 200 and upstream.app.state.calls["/search"] == 1
+    assert [h.status_code for h in hits] == [200, 200, 429]  # hits pass retrieval limits, not max_calls
+    assert hits[0].json() == {"results": [{"id": "cached"}]}
+    assert hits[2].json()["error"]["dimension"] == "max_calls"
+    used = ledger.json()["used"]
+    assert (used["calls"], used["cache_hits"], used["retrieval_calls"], used["unique_queries"]) == (3, 2, 1, 1)
+
+
+# --- admin API and task records ----------------------------------------------------------------------
+
+TOKEN = "admin-secret-for-tests"
+
+
+def _auth(monkeypatch: pytest.MonkeyPatch | None = None) -> dict[str, str]:
+    if monkeypatch is not None:
+        monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
+    return {"authorization": f"Bearer {TOKEN}"}
+
+
+def _admin_end(http: httpx.Client, base: str, t: str, body: Any = None) -> dict[str, Any]:
+    r = http.post(f"{base}/admin/tasks/{t}/end", headers=_auth(), json=body)
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+@pytest.fixture(autouse=True)
+def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
+
+
+def test_admin_needs_the_bearer_token(proxy: ProxyFactory, upstream: Upstream, monkeypatch: pytest.MonkeyPatch,
+                                      tmp_path: Any) -> None:
+    t = task()
+    with proxy(upstreams=upstreams(upstream.url)) as base, httpx.Client() as http:
+        chat(http, base, t)
+        missing = http.get(f"{base}/admin/tasks/{t}")
+        wrong = http.get(f"{base}/admin/tasks/{t}", headers={"authorization": "Bearer nope"})
+        spec = http.get(f"{base}/admin/openapi.json")
+    assert missing.status_code == wrong.status_code == 401
+    assert wrong.json()["error"]["code"] == "unauthorized"
+    assert spec.status_code == 200 and "/admin/tasks/{task_id}/end" in spec.json()["paths"]
+    monkeypatch.delenv("RAGTOLL_ADMIN_TOKEN")
+    with proxy(upstreams=upstreams(upstream.url)) as base, httpx.Client() as http:
+        off = http.get(f"{base}/admin/tasks/{t}", headers=_auth())
+    assert off.status_code == 401 and off.json()["error"]["code"] == "admin_disabled"
+    token_file = tmp_path / "token"
+    token_file.write_text("from-a-file\n")
+    with proxy(upstreams=upstreams(upstream.url), admin={"token_file": str(token_file)}) as base, \
+            httpx.Client() as http:
+        chat(http, base, t)
+        ok = http.get(f"{base}/admin/tasks/{t}", headers={"authorization": "Bearer from-a-file"})
+    assert ok.status_code == 200
+
+
+def test_admin_ledger_and_end_with_outcome_writes_one_record(proxy: ProxyFactory, upstream: Upstream,
+                                                             tmp_path: Any) -> None:
+    t = task()
+    records = tmp_path / "tasks.jsonl"
+    cfg = {**budgets(max_steps=2, max_cost_usd=0.05), "records_file": str(records)}
+    with proxy(upstreams=upstreams(upstream.url), budgets=cfg, pricing=PRICING) as base, httpx.Client() as http:
+        chat(http, base, t, max_tokens=10)
+        search(http, base, t, "refund policy")
+        chat(http, base, t, max_tokens=10)
+        chat(http, base, t, max_tokens=10)  # refused
+        ledger = http.get(f"{base}/admin/tasks/{t}", headers=_auth()).json()
+        bad = http.post(f"{base}/admin/tasks/{t}/end", headers=_auth(), content=b'{"correct": "yes"}')
+        record = _admin_end(http, base, t, {"correct": True})
+        again = http.post(f"{base}/admin/tasks/{t}/end", headers=_auth())
+        gone = http.get(f"{base}/admin/tasks/{t}", headers=_auth())
+    assert ledger["used"]["steps"] == 2 and ledger["used"]["calls"] == 3 and ledger["rejections"] == {"max_steps": 1}
+    assert ledger["limits"] == {"max_steps": 2, "max_cost_usd": 0.05} and ledger["remaining"]["max_steps"] == 0
+    assert bad.status_code == 400
+    assert (again.status_code, gone.status_code) == (404, 404)
+    expected_keys = {"task_id", "profile", "class", "route", "started_at", "ended_at", "duration_ms", "calls",
+                     "steps", "retrieval_calls", "unique_queries", "rerank_calls", "context_tokens",
+                     "completion_tokens", "cost_usd", "cache_hits", "rejections", "exhausted", "outcome",
+                     "end_reason"}
+    assert expected_keys <= set(record)
+    assert (record["task_id"], record["profile"], record["steps"], record["calls"], record["retrieval_calls"],
+            record["unique_queries"]) == (t, "p", 2, 3, 1, 1)
+    assert record["completion_tokens"] == 6  # settled to the upstream's usage (3 per call), not the reservation
+    assert record["context_tokens"] == 24 and 0 < record["cost_usd"] < 0.01
+    assert record["rejections"] == {"max_steps": 1} and record["exhausted"] == "max_steps"
+    assert record["outcome"] == {"correct": True} and record["end_reason"] == "explicit"
+    lines = records.read_bytes().splitlines()
+    assert [orjson.loads(x) for x in lines] == [record]
+
+
+def test_idle_tasks_end_by_themselves(proxy: ProxyFactory, upstream: Upstream, tmp_path: Any) -> None:
+    records = tmp_path / "idle.jsonl"
+    t = task()
+    with proxy(upstreams=upstreams(upstream.url), tasks={"idle_timeout_s": 0.3},
+               budgets={**budgets(max_steps=5), "records_file": str(records)}) as base, httpx.Client() as http:
+        chat(http, base, t)
+        deadline = time.monotonic() + 10
+        while not records.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        gone = http.get(f"{base}/admin/tasks/{t}", headers=_auth())
+    record = orjson.loads(records.read_bytes().splitlines()[0])
+    assert (record["task_id"], record["end_reason"], record["steps"], record["outcome"]) == (t, "idle", 1, None)
+    assert gone.status_code == 404
+
+
+def test_readyz_pings_the_store(proxy: ProxyFactory, upstream: Upstream) -> None:
+    with proxy(upstreams=upstreams(upstream.url)) as base, httpx.Client() as http:
+        r = http.get(f"{base}/readyz")
+    assert r.status_code == 200 and r.json()["store"] == "memory"

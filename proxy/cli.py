@@ -118,7 +118,8 @@ def _add_evaluation_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     demo = sub.add_parser("demo", help="run the bundled RAG stack and agent through ragtoll, shadow vs enforced")
     demo.add_argument("--quick", action="store_true", help="a shortened workload (seconds, for smoke tests)")
     demo.add_argument("--keep-running", action="store_true", help="leave the stack and ragtoll up, print their URLs")
-    demo.add_argument("--records", help="also keep the task records in this JSONL file")
+    demo.add_argument("--records", metavar="DIR",
+                      help="keep the task records in DIR/shadow.jsonl and DIR/enforced.jsonl")
     demo.add_argument("--format", choices=("table", "json"), default="table")
     for name, helptext in (("report", "the evaluation table over task records"),
                            ("recommend", "suggested budget limits per profile from observed tasks")):

@@ -185,8 +185,10 @@ def run_demo(*, quick: bool = False, keep_running: bool = False, records: str | 
             with serve(app, lifespan="on") as base:
                 runs = run_workload(base, label, tasks, token, agent_tracer, nonce)
                 results[label] = RunResult(label, runs, _records(path, runs))
-                if records:
-                    with open(records, "a", encoding="utf-8") as fh, open(path, encoding="utf-8") as src:
+                if records:  # keep a copy per run for `ragtoll report` / `recommend`
+                    os.makedirs(records, exist_ok=True)
+                    with open(os.path.join(records, f"{label}.jsonl"), "a", encoding="utf-8") as fh, \
+                            open(path, encoding="utf-8") as src:
                         fh.write(src.read())
                 if keep_running and enforce:
                     _print_summary(out, tasks, results, embedder, t0)

@@ -17,7 +17,7 @@ from support.servers import serve_in_thread
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[runner.DemoResult, str, pathlib.Path, OtlpReceiver]:
-    records = tmp_path_factory.mktemp("demo") / "records.jsonl"
+    records = tmp_path_factory.mktemp("demo") / "records"
     receiver = OtlpReceiver()
     stop = threading.Event()
     stop.set()  # --keep-running returns at once
@@ -30,10 +30,11 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[runner.DemoResult, s
 
 def test_printed_table_is_computed_from_ragtolls_task_records(demo: tuple) -> None:
     result, out, records, _ = demo
-    kept = report.read_jsonl(str(records))
-    assert len(kept) == 2 * len(corpus.load_workload(quick=True))
-    shadow = [r for r in kept if "-shadow-" in r["task_id"]]
-    enforced = [r for r in kept if "-enforced-" in r["task_id"]]
+    shadow = report.read_jsonl(str(records / "shadow.jsonl"))
+    enforced = report.read_jsonl(str(records / "enforced.jsonl"))
+    kept = shadow + enforced
+    assert len(shadow) == len(enforced) == len(corpus.load_workload(quick=True))
+    assert all("-shadow-" in r["task_id"] for r in shadow)
     table, _, _ = scoring.compare(shadow, enforced)
     assert table in out  # the printed numbers are exactly the records' numbers
     assert all(r["end_reason"] == "explicit" and r["outcome"] is not None for r in kept)

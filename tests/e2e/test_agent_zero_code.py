@@ -46,9 +46,8 @@ def otlp() -> Iterator[OtlpReceiver]:
 
 
 def run_agent(base: str, otlp: OtlpReceiver, *, instrumented: bool, **extra: str) -> AgentRun:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGTOLL_", "OPENAI_"))}
-    env.pop("TRACEPARENT", None)
-    env.pop("BAGGAGE", None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGTOLL_", "OPENAI_"))
+           and k not in ("TRACEPARENT", "TRACESTATE", "BAGGAGE")}
     env.update(
         OPENAI_BASE_URL=f"{base}/openai/v1", OPENAI_API_KEY="sk-test",
         DOCS_URL=f"{base}/raw", TRUSTED_URL=f"{base}/trusted",

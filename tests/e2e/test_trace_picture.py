@@ -53,7 +53,8 @@ def export_task_trace(upstream: Upstream) -> list[dict]:
     with serve_in_thread(receiver) as otlp:
         tp = setup.tracer_provider({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_SERVICE_NAME": "ragtoll"})
         with serve_in_thread(build_app(settings(upstream.url), tracer_provider=tp)) as base:
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGTOLL_", "OPENAI_"))}
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGTOLL_", "OPENAI_"))
+                   and k not in ("TRACEPARENT", "TRACESTATE", "BAGGAGE")}
             env.update(OPENAI_BASE_URL=f"{base}/openai/v1", OPENAI_API_KEY="sk-test", DOCS_URL=f"{base}/docs",
                        RAGTOLL_TASK_ID=TASK, RAGTOLL_BUDGET_PROFILE="tight",
                        OTEL_SERVICE_NAME="my-agent", OTEL_EXPORTER_OTLP_ENDPOINT=otlp,

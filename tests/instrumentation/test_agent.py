@@ -156,8 +156,9 @@ def test_process_task_root_is_one_recorded_span_and_children_inherit_it(
 ) -> None:
     provider, exporter = tracing
     monkeypatch.setenv("RAGTOLL_TASK_ROOT", "process")  # install() hands the task on via os.environ
-    monkeypatch.delenv("TRACEPARENT", raising=False)
-    monkeypatch.delenv("BAGGAGE", raising=False)
+    # setenv (not delenv) so the undo removes what install() writes for child processes
+    monkeypatch.setenv("TRACEPARENT", "")
+    monkeypatch.setenv("BAGGAGE", "")
     hook = agent.install({"RAGTOLL_TASK_ROOT": "process", "TRACEPARENT": PARENT}, provider)
     try:
         root = hook.root_span.get_span_context()

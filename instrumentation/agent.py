@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote
 
+import xxhash
 from opentelemetry import baggage as otel_baggage
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -322,12 +323,13 @@ def _root_name() -> str:
 
 
 def _virtual_root(task_id: str) -> SpanContext:
-    # the ids proxy/pipeline.py parents a named task's calls on; one definition, imported lazily
-    # because the agent side otherwise needs nothing from the proxy
-    from ..proxy.stages.identify import derived_span_id, derived_trace_id
-
-    return SpanContext(derived_trace_id(task_id), derived_span_id(task_id), is_remote=True,
-                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
+    """The ids proxy/pipeline.py parents a named task's calls on (proxy/stages/identify.py
+    `derived_trace_id`/`derived_span_id`; tests/instrumentation/test_agent.py keeps them equal).
+    Spelled out here so the agent side imports nothing of the proxy."""
+    data = task_id.encode()
+    trace_id = xxhash.xxh3_128_intdigest(b"ragtoll.task:" + data) or 1
+    span_id = xxhash.xxh3_64_intdigest(b"ragtoll.task.root:" + data) or 1
+    return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
 
 
 def _random_span_context(parent: SpanContext) -> SpanContext:

@@ -72,8 +72,8 @@ def _tracer(tracer_provider: trace.TracerProvider) -> tuple[trace.Tracer, bool]:
             tracer = tracer_provider.get_tracer(TRACER_NAME)
             generator = getattr(tracer, "id_generator", None)
             pinned = isinstance(generator, IdGenerator)
-            if pinned:
-                tracer.id_generator = PinnedIdGenerator(generator)  # type: ignore[attr-defined]
+            if isinstance(generator, IdGenerator):
+                setattr(tracer, "id_generator", PinnedIdGenerator(generator))  # noqa: B010 - SDK Tracer attr
             found = (tracer, pinned)
             try:
                 _tracers[tracer_provider] = found

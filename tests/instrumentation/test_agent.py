@@ -45,8 +45,11 @@ def test_bad_values_are_dropped_with_a_reason_and_secrets_never_become_members()
     assert "secret" not in text and "HMAC" not in text
 
 
-def test_dimensions_match_the_proxy_config() -> None:
+def test_dimensions_and_virtual_root_match_the_proxy() -> None:
     assert agent.DIMENSIONS == DIMENSIONS
+    for task_id in ("ticket-7", "t/1+x", "é"):
+        root = agent._virtual_root(task_id)
+        assert (root.trace_id, root.span_id) == (derived_trace_id(task_id), derived_span_id(task_id))
 
 
 def test_env_carriers_give_parent_and_baggage_and_ragtoll_env_wins() -> None:

@@ -2,7 +2,8 @@
 ragtoll's task context (`traceparent` + baggage) on every httpx/requests call.
 
 `post_instrument` is the `opentelemetry_post_instrument` entry point, run after the standard
-instrumentors (not a distro or configurator, so the user's own stay in charge). Imports no proxy I/O.
+instrumentors (not a distro or configurator, so the user's own stay in charge). Needs only the
+OpenTelemetry API; imports nothing of the proxy.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from ragtoll.instrumentation import semconv as sc
+from ragtoll.instrumentation import setup
 from ragtoll.instrumentation.metrics import (
     OTHER,
     BoundedValues,
@@ -15,6 +17,8 @@ from ragtoll.instrumentation.metrics import (
     prometheus_reader,
     render_prometheus,
 )
+from support.otlp import OtlpReceiver
+from support.servers import serve_in_thread
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 SESSION = "session-d437ce30b1d7f3d4-ed372109"
@@ -165,3 +169,22 @@ def test_metrics_text_for_prometheus_from_a_private_registry() -> None:
     assert om_type.startswith("application/openmetrics-text") and om_body.rstrip().endswith(b"# EOF")
     provider.shutdown()
     other.shutdown()
+
+
+def test_every_instrument_arrives_over_otlp_http() -> None:
+    receiver = OtlpReceiver()
+    with serve_in_thread(receiver) as otlp:
+        provider = setup.meter_provider({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp})
+        m = Metrics(provider, upstreams=["openai"], profiles=["tight"])
+        m.record_call(operation="chat", provider="openai", upstream="openai", kind="llm", outcome="rejected",
+                      duration_s=0.1, input_tokens=1, output_tokens=1, cost_usd=0.001,
+                      rejected_dimension="max_steps", cache_result="miss", cache_tier="exact")
+        m.record_call(operation="chat", provider="openai", upstream="openai", kind="llm", outcome="ok",
+                      duration_s=0.1)
+        m.record_task_end(cost_usd=0.001, calls=2, profile="tight")
+        provider.force_flush()
+        provider.shutdown()
+    assert receiver.metric_names == {
+        sc.METRIC_TOKEN_USAGE, sc.METRIC_OPERATION_DURATION, sc.METRIC_CALLS, sc.METRIC_REJECTIONS,
+        sc.METRIC_CACHE_LOOKUPS, sc.METRIC_COST, sc.METRIC_OVERHEAD, sc.METRIC_TASK_COST, sc.METRIC_TASK_CALLS,
+    }

@@ -335,8 +335,8 @@ def format_advice(advice: Sequence[ProfileAdvice], percentile_: float, headroom:
     lines = [f"# ragtoll recommend: p{percentile_:g} of what tasks used x {headroom:g} headroom",
              "budgets:", "  profiles:"]
     for a in advice:
-        lines.append(f"    {_yaml_key(a.profile)}:  # {a.tasks} tasks observed, basis: {a.basis} {a.basis_label}; "
-                     f"these limits would have cut {a.cut_any}")
+        lines.append(f"    {_yaml_key(a.profile)}:  # {a.tasks} task{'s' if a.tasks != 1 else ''} observed, basis: "
+                     f"{a.basis} {a.basis_label}; these limits would have cut {a.cut_any}")
         if not a.suggestions:
             lines.append("      {}  # no basis tasks: keep the current limits")
         for s in a.suggestions:

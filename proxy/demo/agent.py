@@ -32,7 +32,7 @@ class AgentResult:
     tool_errors: list[str] = field(default_factory=list)
 
 
-def run(llm: openai.OpenAI, tools: Tools, question: str, *, model: str = "gpt-4o-mini",
+def run(llm: openai.OpenAI, tools: Tools, question: str, *, model: str = "gpt-4o",
         max_turns: int = MAX_TURNS, prefetch: bool = True) -> AgentResult:
     """Answer `question`; with `prefetch`, the first search is the question itself, made before
     the first model call (so the task's first query, which ragtoll classifies, is the question)."""

@@ -27,7 +27,7 @@ from .corpus import INDEX_VERSION, PRINCIPALS, Chunk, Index
 from .policy import decide
 from .text import overlap, sentences
 
-MODEL = "gpt-4o-mini"
+MODEL = "gpt-4o"
 RERANK_MODEL = "rerank-v3.5"
 MAX_TOP_K = 50
 

@@ -384,3 +384,24 @@ def test_readyz_pings_the_store(proxy: ProxyFactory, upstream: Upstream) -> None
     with proxy(upstreams=upstreams(upstream.url)) as base, httpx.Client() as http:
         r = http.get(f"{base}/readyz")
     assert r.status_code == 200 and r.json()["store"] == "memory"
+
+
+def test_classifier_picks_the_profile_from_the_tasks_first_query(proxy: ProxyFactory, upstream: Upstream,
+                                                                 telemetry: Telemetry) -> None:
+    cfg = {"default_profile": "p", "classes": {"simple_fact": "tight", "investigative": "wide"},
+           "profiles": {"p": {"max_steps": 5}, "tight": {"max_steps": 2}, "wide": {"max_steps": 12}}}
+    simple, deep = task(), task()
+
+    def ask(http: httpx.Client, base: str, t: str, text: str) -> httpx.Response:
+        return chat(http, base, t, messages=[{"role": "user", "content": text}])
+
+    with proxy(upstreams=upstreams(upstream.url), budgets=cfg) as base, httpx.Client() as http:
+        first = ask(http, base, simple, "What is the capital of France?")
+        later = ask(http, base, simple, "Why did revenue drop in Q3 across all regions?")
+        other = ask(http, base, deep, "Why did revenue drop in Q3 across all regions?")
+    assert remaining(first)["max_steps"] == 1 and remaining(later)["max_steps"] == 0  # the profile sticks
+    assert remaining(other)["max_steps"] == 11
+    spans = call_spans(telemetry, "chat")
+    assert (spans[0].attributes[sc.QUERY_CLASS], spans[0].attributes[sc.PROFILE_SOURCE]) == ("simple_fact", "classifier")
+    assert spans[0].attributes[sc.QUERY_CLASS_REASON]
+    assert spans[2].attributes[sc.QUERY_CLASS] == "investigative" and spans[2].attributes[sc.PROFILE] == "wide"

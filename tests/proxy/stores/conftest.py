@@ -2,75 +2,15 @@
 
 from __future__ import annotations
 
-import random
-import socket
-import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
-import redis
 
 from ragtoll.proxy.stores.base import Store
 from ragtoll.proxy.stores.memory import MemoryStore
 from ragtoll.proxy.stores.redis import RedisStore
-from support.redis_server import RedisProcess, start_redis, stop_all
-
-
-def cluster_free_port() -> int:
-    """A free port whose cluster bus port (+10000) is free too: redis refuses ports above 55535."""
-    for _ in range(200):
-        port = random.randint(20_000, 45_000)
-        try:
-            for p in (port, port + 10_000):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair for a cluster node")
-
-
-def start_budget_cluster(masters: int = 3) -> list[RedisProcess]:
-    """A real Redis Cluster of `masters` nodes on loopback, joined with CLUSTER ADDSLOTS / MEET.
-
-    (support.redis_server.start_cluster picks ports above 55535, which cluster mode refuses, and
-    reads CLUSTER NODES as text where redis-py 8 returns a dict.)
-    """
-    nodes: list[RedisProcess] = []
-    try:
-        for _ in range(masters):
-            nodes.append(start_redis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                      "--cluster-node-timeout", "2000"], port=cluster_free_port()))
-        clients = [redis.Redis(port=n.port) for n in nodes]
-        per = 16384 // masters
-        for i, c in enumerate(clients):
-            end = 16383 if i == masters - 1 else (i + 1) * per - 1
-            c.execute_command("CLUSTER ADDSLOTS", *range(i * per, end + 1))
-        for c in clients[1:]:
-            c.execute_command("CLUSTER MEET", "127.0.0.1", nodes[0].port)
-        deadline = time.monotonic() + 30
-        while True:
-            infos = [_info(c.execute_command("CLUSTER INFO")) for c in clients]
-            if all(i.get("cluster_state") == "ok" and i.get("cluster_known_nodes") == str(masters) for i in infos):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"cluster did not form: {infos[0]}")
-            time.sleep(0.1)
-        for c in clients:
-            c.close()
-        return nodes
-    except BaseException:
-        stop_all(nodes)
-        raise
-
-
-def _info(raw: Any) -> dict[str, str]:
-    """CLUSTER INFO as a dict, whether redis-py parsed it or not."""
-    if isinstance(raw, dict):
-        return {str(k): str(v) for k, v in raw.items()}
-    text = raw.decode() if isinstance(raw, bytes) else str(raw)
-    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+from support.budget_cluster import start_budget_cluster
+from support.redis_server import stop_all
 
 
 @pytest.fixture(scope="session")

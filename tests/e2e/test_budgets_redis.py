@@ -1,0 +1,74 @@
+"""Budgets on Redis end to end: records to a stream, and a store that stops mid-test (open / closed)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import redis
+
+from conftest import ProxyFactory, Telemetry, Upstream
+from ragtoll.instrumentation import semconv as sc
+from support.redis_server import start_redis, stop_all
+from test_budgets import TOKEN, budgets, call_spans, chat, remaining, task, upstreams
+
+
+@pytest.fixture(autouse=True)
+def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
+
+
+def test_redis_store_enforces_and_records_to_a_stream(proxy: ProxyFactory, upstream: Upstream, redis_url: str) -> None:
+    stream = f"ragtoll:records:{uuid.uuid4().hex}"
+    t = task()
+    cfg = {**budgets(max_steps=2), "records_stream": stream}
+    with proxy(upstreams=upstreams(upstream.url), store=redis_url, budgets=cfg) as base, httpx.Client() as http:
+        codes = [chat(http, base, t).status_code for _ in range(3)]
+        ready = http.get(f"{base}/readyz")
+        end = http.post(f"{base}/admin/tasks/{t}/end", headers={"authorization": f"Bearer {TOKEN}"},
+                        json={"correct": False})
+    assert codes == [200, 200, 429]
+    assert ready.json() == {"status": "ready", "store": "redis"}
+    client = redis.Redis.from_url(redis_url)
+    try:
+        entries = client.xrange(stream)
+        client.delete(stream)
+    finally:
+        client.close()
+    assert len(entries) == 1
+    record = orjson.loads(entries[0][1][b"record"])
+    assert record == end.json()
+    assert (record["task_id"], record["steps"], record["rejections"], record["outcome"]) == \
+        (t, 2, {"max_steps": 1}, {"correct": False})
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_store_stopped_mid_test(proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry, mode: str) -> None:
+    server = start_redis()
+    t = task()
+    overrides: dict[str, Any] = {"upstreams": upstreams(upstream.url), "store": server.url,
+                                 "on_store_error": mode, "store_timeout_ms": 200, "budgets": budgets(max_steps=5)}
+    try:
+        with proxy(**overrides) as base, httpx.Client(timeout=10) as http:
+            before = chat(http, base, t)
+            server.stop()
+            during = chat(http, base, t)
+            ready = http.get(f"{base}/readyz")
+    finally:
+        stop_all([server])
+    assert before.status_code == 200 and remaining(before)["max_steps"] == 4
+    assert ready.status_code == 503 and ready.json()["status"] == "store_unavailable"
+    span = call_spans(telemetry, "chat")[-1]
+    assert span.attributes[sc.DEGRADED] is True
+    assert any(e.name == sc.EVENT_DEGRADED for e in span.events)
+    if mode == "open":
+        assert during.status_code == 200 and "x-ragtoll-budget-remaining" not in during.headers
+        assert upstream.app.state.calls["/v1/chat/completions"] == 2
+    else:
+        assert during.status_code == 503
+        err = during.json()["error"]
+        assert err["code"] == "store_unavailable" and err["store"] == server.url
+        assert upstream.app.state.calls["/v1/chat/completions"] == 1

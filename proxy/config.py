@@ -166,7 +166,7 @@ class CacheConfig:
     embedder: str = "none"
     acl_public: str = "public"
     # semantic tier: candidates at or above `similarity` are verified before any is served
-    similarity: float = 0.8
+    similarity: float = 0.85
     candidates: int = 3
     embedder_model: str | None = None  # the `model` sent to an upstream:<route> embedder
     max_entries: int = 50_000  # memory store bounds (LRU eviction)

@@ -22,7 +22,7 @@ from .embedders import Embedder, NoEmbedder
 from .entry import Entry, EvidenceStore
 from .partition import Partition, canonical_filters, exact_key, filter_words, normalize_query, serves_top_k
 from .principal import Principal
-from .verify import features, verify
+from .verify import INTENT_FLOOR, Features, Signature, content_overlap, features, signature, verify
 from .versions import Versions
 
 MAX_VOCAB = 2_000  # filter-like words remembered per partition
@@ -61,8 +61,10 @@ class EvidenceCache:
     def __init__(self, store: EvidenceStore, *, embedder: Embedder | None = None, versions: Versions | None = None,
                  similarity: float = 0.8, candidates: int = 3, ttl_s: int = 3600, public: str = "public",
                  authz: acl.ExternalAuthz | None = None, auditor: Auditor | None = None,
+                 verify_candidates: bool = True, prefilter: bool = True,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        self.verify_candidates = verify_candidates  # False only for the plain-threshold baseline (bench)
         self.embedder = embedder or NoEmbedder()
         self.versions = versions or Versions(store, {})
         self.candidates = candidates
@@ -72,6 +74,12 @@ class EvidenceCache:
         self.auditor = auditor or Auditor(0.0, similarity)
         self._clock = clock
         self._vocab: OrderedDict[str, set[str]] = OrderedDict()
+        # Replica-local lexical index: partition -> signature -> {query key: content words}. A query
+        # with no entry of equal signature and enough shared content cannot pass verification, so
+        # its miss skips the embedding (computed after the response, for filing). Off for shared
+        # stores, whose entries other replicas wrote are not in this index.
+        self.prefilter = prefilter and verify_candidates
+        self._lex: OrderedDict[str, dict[Signature, dict[str, tuple[str, frozenset[str]]]]] = OrderedDict()
 
     async def partition(self, q: Query) -> Partition:
         version = await self.versions.current(q.route)
@@ -100,6 +108,13 @@ class EvidenceCache:
                     lk.entry, lk.tier, lk.similarity = entry, "exact", 1.0
                     return
                 lk.reason = why
+        if isinstance(self.embedder, NoEmbedder):
+            return
+        vocab = self._partition_vocab(pkey) | filter_words(q.filters)
+        mine = features(lk.norm, vocab)
+        if self.prefilter and not self._lexical_candidate(pkey, mine, vocab):
+            lk.reason = "verify:prefilter" if lk.reason == "none" else lk.reason
+            return
         lk.vector = await self.embedder.embed(lk.norm)
         if lk.vector is None:
             return
@@ -109,18 +124,15 @@ class EvidenceCache:
             if lk.reason == "none":
                 lk.reason = "below_threshold"
             return
-        vocab = self._partition_vocab(pkey) | filter_words(q.filters)
-        mine = None
         for sim, cand in found:
             if cand.query == lk.norm:
                 continue  # the exact entry, already judged above
             if not serves_top_k(cand.top_k, q.top_k):
                 lk.reason = "top_k"
                 continue
-            words = vocab | set(cand.vocab)
-            if mine is None or cand.vocab:
-                mine = features(lk.norm, words)
-            refused = verify(mine, features(cand.query, words), sim, words)
+            words = vocab | set(cand.vocab) if cand.vocab else vocab
+            ours = features(lk.norm, words) if cand.vocab else mine
+            refused = verify(ours, features(cand.query, words), sim, words) if self.verify_candidates else None
             if refused is not None:
                 lk.reason, lk.similarity = f"verify:{refused}", sim
                 continue
@@ -154,7 +166,26 @@ class EvidenceCache:
             vector = await self.embedder.embed(lk.norm)
         await self.store.put(part.key, lk.qkey, entry, vector, self.ttl_s)
         self._learn(part.key, words)
+        if self.prefilter and vector is not None:
+            f = features(lk.norm)
+            index = self._lex.get(part.key)
+            if index is None:
+                index = self._lex[part.key] = {}
+                while len(self._lex) > 10_000:
+                    self._lex.popitem(last=False)
+            index.setdefault(signature(f), {})[lk.qkey] = (lk.norm, f.content)
         return part
+
+    def _lexical_candidate(self, pkey: str, mine: Features, vocab: set[str]) -> bool:
+        """Is there an entry this query could be served from, similarity aside?"""
+        same = self._lex.get(pkey, {}).get(signature(mine))
+        if not same:
+            return False
+        for norm, content in same.values():
+            if content_overlap(mine.content, content) >= INTENT_FLOOR and \
+                    verify(mine, features(norm, vocab), 1.0, vocab) is None:
+                return True
+        return False
 
     def _learn(self, pkey: str, words: Sequence[str]) -> None:
         known = self._vocab.get(pkey)

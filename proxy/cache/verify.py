@@ -19,6 +19,7 @@ _TOKEN = re.compile(r"\$?\d[\d,]*(?:\.\d+)?%?[a-z]*|[^\W\d_][\w'’-]*|[$€£%�
 _QUOTED = re.compile(r"\"([^\"]{1,200})\"|“([^”]{1,200})”|(?<!\w)'([^']{1,200})'(?!\w)")
 _NUMERIC = re.compile(r"^\$?(\d[\d,]*(?:\.\d+)?)(%?)([a-z]*)$")
 
+INTENT_FLOOR = 0.5  # share of content words two queries must have in common
 CHECKS = ("quoted", "number", "unit", "date", "negation", "direction", "role", "entity", "filter", "intent")
 
 
@@ -74,6 +75,7 @@ def features(text: str, vocab: Iterable[str] = ()) -> Features:
     negated = False
     role: str | None = None
     prev_lower = ""
+    last_content: str | None = None  # the content word right before this token, if any
     for i, tok in enumerate(raw_tokens):
         low = tok.casefold().replace("’", "'")
         m = _NUMERIC.match(low)
@@ -104,13 +106,18 @@ def features(text: str, vocab: Iterable[str] = ()) -> Features:
             continue
         if low in ("→", ">"):
             role = "to"
+            _implicit_source(roles, last_content)
             continue
         if low in lx.NEGATIONS or low.endswith("n't"):
             negated = True
             continue
         if low in lx.ROLE_MARKERS:
             role = lx.ROLE_MARKERS[low]
+            if role == "to":
+                _implicit_source(roles, last_content)  # "Tokyo to Sydney": Tokyo is the source
+            last_content = None
             continue
+        last_content = None
         c = canon(low)
         if low in lx.NUMBER_WORDS:
             numbers.add(lx.NUMBER_WORDS[low])
@@ -136,6 +143,7 @@ def features(text: str, vocab: Iterable[str] = ()) -> Features:
         if low in lx.STOPWORDS or c in lx.STOPWORDS:
             continue
         content.add(c)
+        last_content = c
         if role:
             roles.append((c, role))
             role = None
@@ -146,7 +154,7 @@ def features(text: str, vocab: Iterable[str] = ()) -> Features:
 
 
 def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (),
-           intent_floor: float = 0.5, intent_free_above: float = 0.93) -> str | None:
+           intent_floor: float = INTENT_FLOOR, intent_free_above: float = 1.01) -> str | None:
     """None if `b`'s evidence may serve `a`; else the first check that refused."""
     if a.quoted != b.quoted:
         return "quoted"
@@ -168,11 +176,22 @@ def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (
     vocab_set = {canon(v) for v in vocab}
     if changed & vocab_set:
         return "filter"
-    union = a.content | b.content
-    overlap = len(a.content & b.content) / len(union) if union else 1.0
-    if overlap < intent_floor and similarity < intent_free_above:
+    if content_overlap(a.content, b.content) < intent_floor and similarity < intent_free_above:
         return "intent"
     return None
+
+
+Signature = tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str], bool, frozenset[str]]
+
+
+def signature(f: Features) -> Signature:
+    """What must be equal for `verify` to pass, independent of the partition's vocabulary."""
+    return (f.quoted, f.numbers, f.units, f.dates, f.negated, f.directions)
+
+
+def content_overlap(a: frozenset[str], b: frozenset[str]) -> float:
+    union = a | b
+    return len(a & b) / len(union) if union else 1.0
 
 
 def _roles_conflict(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> bool:
@@ -191,6 +210,11 @@ def _roles_conflict(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ..
     fa = {w for w, r in a if r == "from"}
     fb = {w for w, r in b if r == "from"}
     return bool((ta & fb) or (tb & fa))
+
+
+def _implicit_source(roles: list[tuple[str, str]], word: str | None) -> None:
+    if word is not None and not any(w == word for w, _ in roles):
+        roles.append((word, "from"))
 
 
 def _num(value: str) -> str:

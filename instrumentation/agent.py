@@ -291,7 +291,8 @@ def post_instrument() -> None:
         return
     try:
         install()
-    except Exception:  # noqa: BLE001 - failsafe: the agent runs without ragtoll's context rather than not at all
+    # failsafe: the agent runs without ragtoll's context rather than not at all
+    except Exception:  # noqa: BLE001
         _log.exception("ragtoll: agent hook failed; calls go out without ragtoll task context")
 
 

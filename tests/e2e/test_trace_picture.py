@@ -90,5 +90,8 @@ def test_docs_picture_matches_a_real_export(upstream: Upstream) -> None:
         DOCS.write_text(f"{head}{BEGIN}\n```text\n{picture}\n```\n{END}{tail}")
     documented = DOCS.read_text().split(BEGIN, 1)[1].split(END, 1)[0]
     documented = documented.strip().removeprefix("```text").removesuffix("```").strip("\n")
-    strip = lambda text: "\n".join(_DURATION.sub("  ", line).rstrip() for line in text.splitlines())
-    assert strip(documented) == strip(render_tree(spans, durations=True))
+    assert without_durations(documented) == without_durations(render_tree(spans, durations=True))
+
+
+def without_durations(text: str) -> str:
+    return "\n".join(_DURATION.sub("  ", line).rstrip() for line in text.splitlines())

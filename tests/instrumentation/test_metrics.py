@@ -186,5 +186,6 @@ def test_every_instrument_arrives_over_otlp_http() -> None:
         provider.shutdown()
     assert receiver.metric_names == {
         sc.METRIC_TOKEN_USAGE, sc.METRIC_OPERATION_DURATION, sc.METRIC_CALLS, sc.METRIC_REJECTIONS,
-        sc.METRIC_CACHE_LOOKUPS, sc.METRIC_COST, sc.METRIC_OVERHEAD, sc.METRIC_TASK_COST, sc.METRIC_TASK_CALLS,
+        sc.METRIC_CACHE_LOOKUPS, sc.METRIC_COST, sc.METRIC_OVERHEAD, sc.METRIC_TASK_COST,
+        sc.METRIC_TASK_CALLS,
     }

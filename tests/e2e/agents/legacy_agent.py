@@ -43,7 +43,8 @@ async def chat_async() -> None:
 def main() -> None:
     client = openai.OpenAI()
     chat(client, "chat")
-    hits = requests.post(f"{os.environ['DOCS_URL']}/search", json={"query": "refund policy", "top_k": 2}, timeout=10)
+    hits = requests.post(f"{os.environ['DOCS_URL']}/search", json={"query": "refund policy", "top_k": 2},
+                         timeout=10)
     report("search", hits.headers.get("x-ragtoll-task-id"))
     with ThreadPoolExecutor(max_workers=2) as pool:  # contextvars do not follow into these threads
         list(pool.map(lambda i: chat(client, f"chat thread {i}"), range(2)))

@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Iterable, Iterator, Sequence, Set
+from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 import http_sfv
@@ -45,7 +46,7 @@ def chunk_key(chunk: Chunk) -> str:
     return chunk.id if chunk.id else "fp:" + fingerprint(chunk.text)
 
 
-def new_chunks(chunks: Iterable[Chunk], seen: Set[str]) -> list[str]:
+def new_chunks(chunks: Iterable[Chunk], seen: AbstractSet[str]) -> list[str]:
     """Keys of `chunks` not in `seen` (the task's chunk keys so far), in order, without repeats."""
     out: list[str] = []
     mine: set[str] = set()
@@ -101,7 +102,7 @@ class PromptEvidence:
     sent: frozenset[str]  # evidence fingerprints in this prompt: add them to the task's sent set
 
 
-def measure_prompt(texts: Sequence[str], evidence: Set[str], already_sent: Set[str],
+def measure_prompt(texts: Sequence[str], evidence: AbstractSet[str], already_sent: AbstractSet[str],
                    encoding: str = tokens.O200K) -> PromptEvidence:
     """Count evidence and duplicate-evidence tokens in a prompt's texts.
 
@@ -133,16 +134,17 @@ def evidence_header(chunks: Sequence[Chunk], new_count: int) -> str:
     `margin`: |score of 1st - score of 3rd| (absent with fewer than three scored results).
     Scores are taken in the upstream's order and scale (a distance for Chroma).
     """
-    d = http_sfv.Dictionary()
+    d = http_sfv.Dictionary()  # type: ignore[attr-defined]  # re-exported without __all__
     d["n"] = len(chunks)
     d["new"] = max(0, new_count)
-    scores = [c.score for c in chunks]
-    top = _decimal(scores[0]) if scores else None
-    if top is not None:
+    first = chunks[0].score if chunks else None
+    third = chunks[2].score if len(chunks) >= 3 else None
+    top = _decimal(first)
+    if top is not None and first is not None:
         d["top"] = top
-        third = _decimal(scores[2]) if len(scores) >= 3 else None
-        if third is not None:
-            d["margin"] = _decimal(abs(float(scores[0]) - float(scores[2])))  # type: ignore[arg-type]
+        margin = _decimal(abs(first - third)) if third is not None and _decimal(third) is not None else None
+        if margin is not None:
+            d["margin"] = margin
     return str(d)
 
 

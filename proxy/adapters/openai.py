@@ -53,7 +53,10 @@ class OpenAIAdapter:
         call = Call(operation="chat" if kind == "responses" else kind, parse_error=error)
         if doc is None:
             return call
-        return safe_parse(call, _READERS[kind], doc)
+        safe_parse(call, _READERS[kind], doc)
+        if call.model is None and "/deployments/" in path:  # Azure OpenAI names the deployment in the path
+            call.model = path.split("/deployments/", 1)[1].split("/", 1)[0] or None
+        return call
 
     def observer(self, call: Call, status: int, headers: Mapping[str, str]) -> Observer:
         if call.operation == "other" or status >= 400:
@@ -216,9 +219,9 @@ def _read_response(obs: Observation, r: Any) -> None:
     if r.get("usage"):
         obs.usage = usage(r["usage"])
     status = r.get("status")
-    reason = (r.get("incomplete_details") or {}).get("reason")
+    reason = as_str((r.get("incomplete_details") or {}).get("reason")) or "incomplete"
     if status == "incomplete":
-        obs.finish_reasons = [_INCOMPLETE_FINISH.get(reason, reason or "incomplete")]
+        obs.finish_reasons = [_INCOMPLETE_FINISH.get(reason, reason)]
     elif status in _STATUS_FINISH:
         called = any(isinstance(o, dict) and o.get("type") == "function_call" for o in r.get("output") or [])
         obs.finish_reasons = ["tool_calls" if called and status == "completed" else _STATUS_FINISH[status]]

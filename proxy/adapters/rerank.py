@@ -22,7 +22,7 @@ def _doc_text(d: Any) -> str:
     if isinstance(d, str):
         return d
     if isinstance(d, dict) and isinstance(d.get("text"), str):
-        return d["text"]
+        return str(d["text"])
     return json_text(d)
 
 

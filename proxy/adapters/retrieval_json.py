@@ -9,7 +9,7 @@ retrieval_presets.py are subclasses that change defaults and a few readers.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from .. import queries
 from ..config import UpstreamConfig
@@ -25,7 +25,7 @@ class JsonRetrievalAdapter:
     name = "json"
     error_style = "plain"
     reads_body = True
-    defaults: Mapping[str, str] = {"query": "query", "vector": "vector", "filters": "filter", "top_k": "top_k",
+    defaults: ClassVar[Mapping[str, str]] = {"query": "query", "vector": "vector", "filters": "filter", "top_k": "top_k",
                                    "results": "results", "id": "id", "text": "text", "score": "score",
                                    "source": "source"}
 
@@ -43,8 +43,8 @@ class JsonRetrievalAdapter:
 
     def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call:
         route = self.route_id(method, path.rstrip("/"))
-        if route is None:
-            return Call(operation="other")
+        if route is None or (method == "GET" and not body):
+            return Call(operation="other")  # health checks, collection info: forwarded, not counted
         doc, error = json_body(body)
         call = Call(operation="retrieval", parse_error=error)
         if doc is None:

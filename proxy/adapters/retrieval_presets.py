@@ -6,7 +6,8 @@ parts of its API that a path cannot express. Query keys include the collection /
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from ..model import Call, Chunk
 from .fields import as_acl, as_float, as_id, as_int, as_str, as_vector, get_path
@@ -17,7 +18,7 @@ class QdrantAdapter(JsonRetrievalAdapter):
     """`POST /collections/{c}/points/search` and `/points/query` (REST)."""
 
     name = "qdrant"
-    defaults = {"id": "id", "score": "score", "text": "payload.text", "source": "payload.source",
+    defaults: ClassVar[Mapping[str, str]] = {"id": "id", "score": "score", "text": "payload.text", "source": "payload.source",
                 "filters": "filter", "top_k": "limit"}
     _PATH = re.compile(r"/collections/([^/]+)/points/(search|query)$")
 
@@ -55,7 +56,7 @@ class ChromaAdapter(JsonRetrievalAdapter):
     query; every query's rows become chunks. Chroma scores are distances (lower is nearer)."""
 
     name = "chroma"
-    defaults = {"source": "source"}  # `source` and `acl` are paths inside each result's metadata
+    defaults: ClassVar[Mapping[str, str]] = {"source": "source"}  # `source` and `acl` are paths inside each result's metadata
     _PATH = re.compile(r"/collections/([^/]+)/query$")
 
     def route_id(self, method: str, path: str) -> str | None:
@@ -141,7 +142,7 @@ class ElasticsearchAdapter(JsonRetrievalAdapter):
     Filters are the whole DSL minus the query text and vector, so any structural change is a new intent."""
 
     name = "elasticsearch"
-    defaults = {"results": "hits.hits", "id": "_id", "score": "_score", "text": "_source.text",
+    defaults: ClassVar[Mapping[str, str]] = {"results": "hits.hits", "id": "_id", "score": "_score", "text": "_source.text",
                 "source": "_source.source"}
     _PATH = re.compile(r"^(?:/([^/_][^/]*))?/_search$")
 
@@ -169,7 +170,7 @@ class LangServeAdapter(JsonRetrievalAdapter):
     `{"output": [{"page_content", "metadata", "id"?}, ...]}`."""
 
     name = "langserve"
-    defaults = {"results": "output", "id": "id", "text": "page_content", "score": "metadata.score",
+    defaults: ClassVar[Mapping[str, str]] = {"results": "output", "id": "id", "text": "page_content", "score": "metadata.score",
                 "source": "metadata.source"}
     _PATH = re.compile(r"/([^/]+)/invoke$|^/invoke$")
 

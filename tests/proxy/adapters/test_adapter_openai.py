@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
 from ragtoll.proxy import tokens
 from ragtoll.proxy.model import Usage
 from support.adapter_fixtures import adapter, load, observe, observe_every_split, parse, raw
@@ -177,3 +176,9 @@ def test_other_paths_and_errors_are_not_read() -> None:
     assert parse(ad, "/v1/models", b"", method="GET").operation == "other"
     call = parse(ad, "/v1/chat/completions", {"model": "gpt-4o", "messages": []})
     assert observe(ad, call, b'{"error": {}}', status=429).usage is None
+
+
+def test_azure_deployment_path_names_the_model() -> None:
+    call = parse(adapter("openai"), "/openai/deployments/gpt-4o-prod/chat/completions",
+                 {"messages": [{"role": "user", "content": "hi"}]})
+    assert call.operation == "chat" and call.model == "gpt-4o-prod"

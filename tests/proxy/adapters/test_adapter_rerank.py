@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
 from support.adapter_fixtures import adapter, load, observe, parse
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import orjson
 import pytest
-
 from ragtoll.proxy import queries
 from ragtoll.proxy.model import Chunk
 from support.adapter_fixtures import adapter, load, observe, observe_every_split, parse
@@ -114,10 +113,16 @@ def test_malformed_retrieval_bodies(api: str) -> None:
     ad = adapter(api, "retrieval")
     path = {"json": "/search", "qdrant": "/collections/c/points/search", "chroma": "/api/v1/collections/c/query",
             "elasticsearch": "/i/_search", "langserve": "/r/invoke"}[api]
-    for body in (b"nope", b"[]", b'{"query": [1, "a"], "vector": {"x": 1}, "filter": 3, "top_k": "5", "limit": null,'
-                 b' "query_embeddings": [["a"]], "knn": 7, "input": 9}'):
+    odd = (b'{"query": [1, "a"], "vector": {"x": 1}, "filter": 3, "top_k": "5", "limit": null,'
+           b' "query_embeddings": [["a"]], "knn": 7, "input": 9}')
+    for body in (b"nope", b"[]", odd):
         call = parse(ad, path, body)
         assert call.operation == "retrieval"
     call = parse(ad, path, {})
     obs = observe(ad, call, b'{"unexpected": true}')
     assert obs.chunks is None and obs.parse_error is not None
+
+
+def test_bodiless_gets_are_not_retrievals() -> None:
+    assert parse(adapter("json", "retrieval"), "/health", b"", method="GET").operation == "other"
+    assert parse(adapter("elasticsearch", "retrieval"), "/i/_search", b"", method="GET").operation == "other"

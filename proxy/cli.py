@@ -126,7 +126,7 @@ def _add_evaluation_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
         p = sub.add_parser(name, help=helptext)
         p.add_argument("records", nargs="?", help="task records JSONL file (or use --redis-url and --stream)")
         p.add_argument("--redis-url", help="read a Redis Stream of task records instead of a file")
-        p.add_argument("--stream", default="ragtoll:tasks", help="stream key (default: ragtoll:tasks)")
+        p.add_argument("--stream", default="ragtoll:records", help="stream key (default: ragtoll:records)")
         if name == "report":
             p.add_argument("--by", choices=("profile", "class", "route"), default="profile")
             p.add_argument("--format", choices=("table", "json", "csv"), default="table")

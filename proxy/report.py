@@ -92,13 +92,19 @@ def read_stream(url: str, key: str, *, batch: int = 1000) -> list[dict[str, Any]
     """Records of a Redis Stream. An entry is either one JSON field (any name) or flat fields."""
     import redis
 
-    client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+    client: Any
+    if url.startswith("redis+cluster://"):  # the store URL form ragtoll's config uses for a Cluster
+        from redis.cluster import RedisCluster
+
+        client = RedisCluster.from_url("redis://" + url[len("redis+cluster://"):], socket_timeout=5,
+                                       socket_connect_timeout=5)
+    else:
+        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
     out: list[dict[str, Any]] = []
     start = "-"
     try:
         while True:
-            entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(  # type: ignore[assignment]
-                key, min=start, max="+", count=batch)
+            entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(key, min=start, max="+", count=batch)
             for entry_id, fields in entries:
                 out.append(parse_record(_entry(fields), f"{key}#{entry_id.decode()}"))
             if len(entries) < batch:

@@ -9,6 +9,7 @@ import pathlib
 import orjson
 import pytest
 import redis
+from conftest import ProxyFactory
 from ragtoll.proxy import report, report_plot
 from ragtoll.proxy.cli import main
 
@@ -162,3 +163,29 @@ def test_shadow_records_say_how_many_tasks_a_limit_would_have_stopped(records: l
     row = report.overall(shadow)
     assert row.exhaustion_rate == 0 and row.would_exhaust_rate == pytest.approx(0.2)
     assert "would exhaust" in report.format_rows([row]).splitlines()[0]
+
+
+def test_report_reads_the_stream_ragtoll_writes(proxy: ProxyFactory, redis_url: str, tmp_path: pathlib.Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    import httpx
+    import openai
+
+    token = tmp_path / "token"
+    token.write_text("admin-secret")
+    stream = f"ragtoll:test-report:{tmp_path.name}"
+    with proxy(store=redis_url, admin={"token_file": str(token)},
+               budgets={"records_stream": stream, "default_profile": "p", "profiles": {"p": {"max_steps": 5}}}) as base:
+        client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key="sk-test", max_retries=0)
+        for task, correct in (("task-a", True), ("task-b", False)):
+            client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}],
+                                           extra_headers={"x-ragtoll-task-id": task})
+            resp = httpx.post(f"{base}/admin/tasks/{task}/end", json={"correct": correct},
+                              headers={"authorization": "Bearer admin-secret"})
+            assert resp.status_code == 200
+    records = report.read_stream(redis_url, stream)
+    assert sorted((r["task_id"], r["outcome"]["correct"], r["steps"]) for r in records) == \
+        [("task-a", True, 1), ("task-b", False, 1)]
+    assert main(["report", "--redis-url", redis_url, "--stream", stream, "--format", "json"]) == 0
+    (row, _all) = orjson.loads(capsys.readouterr().out)
+    assert (row["group"], row["tasks"], row["correct"], row["accuracy"]) == ("p", 2, 1, 0.5)
+    assert row["cost_per_correct_usd"] == pytest.approx(sum(r["cost_usd"] for r in records))

@@ -63,7 +63,7 @@ def query_key(route: str, text: str | None, vector: list[float] | None, filters:
     """xxh3-128 hex key of one retrieval intent: route, normalised text (or the vector), filters.
 
     top_k is deliberately not part of the key: a cached top_k=10 can serve top_k<=10.
-    A vector is keyed by its float32 bytes, so the same embedding from any client matches.
+    A vector is keyed by its float64 bytes, so the same embedding from any client matches.
     """
     h = xxhash.xxh3_128()
     h.update(route.encode("utf-8", "surrogatepass"))
@@ -72,7 +72,7 @@ def query_key(route: str, text: str | None, vector: list[float] | None, filters:
         h.update(normalize(text).encode("utf-8", "surrogatepass"))
     if vector is not None:
         h.update(b"\x00v\x00")
-        h.update(struct.pack(f"<{len(vector)}f", *vector))
+        h.update(struct.pack(f"<{len(vector)}d", *vector))
     h.update(b"\x00f\x00")
     h.update(filters_json(filters))
     return h.hexdigest()

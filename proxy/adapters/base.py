@@ -12,6 +12,7 @@ from typing import Protocol
 
 import orjson
 
+from .. import tokens
 from ..config import UpstreamConfig
 from ..model import Call, Observation
 
@@ -169,8 +170,6 @@ class JsonStreamObserver:
 
     def saw_output(self, text: object) -> None:
         if isinstance(text, str) and text:
-            from .. import tokens  # late: keeps base importable without building an encoding
-
             self.observation.output_tokens_seen += tokens.count(text, self._encoding)
 
     def on_event(self, event: str, doc: dict[str, object]) -> None:

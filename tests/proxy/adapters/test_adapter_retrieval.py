@@ -126,3 +126,8 @@ def test_malformed_retrieval_bodies(api: str) -> None:
 def test_bodiless_gets_are_not_retrievals() -> None:
     assert parse(adapter("json", "retrieval"), "/health", b"", method="GET").operation == "other"
     assert parse(adapter("elasticsearch", "retrieval"), "/i/_search", b"", method="GET").operation == "other"
+
+
+def test_huge_vector_components_still_key() -> None:
+    call = parse(adapter("qdrant", "retrieval"), "/collections/c/points/search", {"vector": [1e308, -1e308], "limit": 1})
+    assert call.parse_error is None and call.query_key is not None

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from ragtoll.proxy import tokens
 from ragtoll.proxy.adapters.openai import OpenAIAdapter
 from ragtoll.proxy.config import UpstreamConfig
@@ -30,7 +29,7 @@ from ragtoll.proxy.config import UpstreamConfig
 HERE = Path(__file__).parent
 UPSTREAM = UpstreamConfig(name="openai", kind="llm", url="http://127.0.0.1:1", api="openai")
 HEADERS = {"content-type": "application/json"}
-WORDS = ("refund window annual plan invoice customer policy the of and to in for is on that by with "
+WORDS = ("refund window annual plan invoice customer policy the of and to in for is on that by with "  # noqa: SIM905
          "retrieval evidence chunk context budget token agent step query answer 2024 v3.1 C++ 42%").split()
 
 

@@ -15,7 +15,6 @@ import orjson
 import pytest
 from conftest import ProxyFactory, Telemetry, Upstream
 from qdrant_client import QdrantClient
-
 from ragtoll.instrumentation import semconv as sc
 from support.fake_backends import FakeBackends
 from support.servers import serve_in_thread

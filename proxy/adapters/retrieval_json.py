@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 from .. import queries
 from ..config import UpstreamConfig
+from ..evidence_track import chunk_key
 from ..model import Call, Chunk
 from .base import BufferedJsonObserver, NullObserver, Observer, json_body, safe_parse
 from .fields import as_acl, as_float, as_id, as_int, as_str, as_vector, get_path
@@ -90,12 +91,17 @@ class JsonRetrievalAdapter:
         text = get_path(item, f.get("text"))
         source = get_path(item, f.get("source"))
         return Chunk(
-            id=as_id(get_path(item, f.get("id"))) or "",  # "": keyed by text fingerprint downstream
+            id=as_id(get_path(item, f.get("id"))) or text_id(text),
             text=text if isinstance(text, str) else "",
             score=as_float(get_path(item, f.get("score"))),
             source=as_id(source),
             acl=as_acl(get_path(item, f["acl"])) if f.get("acl") else None,
         )
+
+
+def text_id(text: object) -> str:
+    """The id of a chunk the back-end gave none: its text fingerprint, so it is still recognised."""
+    return chunk_key(Chunk(id="", text=text if isinstance(text, str) else ""))
 
 
 class RetrievalObserver(BufferedJsonObserver):

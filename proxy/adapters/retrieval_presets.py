@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from ..model import Call, Chunk
 from .fields import as_acl, as_float, as_id, as_int, as_str, as_vector, get_path
-from .retrieval_json import JsonRetrievalAdapter
+from .retrieval_json import JsonRetrievalAdapter, text_id
 
 
 class QdrantAdapter(JsonRetrievalAdapter):
@@ -84,7 +84,7 @@ class ChromaAdapter(JsonRetrievalAdapter):
                 text = get_path(doc, f"documents.{row}.{i}")
                 meta = get_path(doc, f"metadatas.{row}.{i}")
                 out.append(Chunk(
-                    id=as_id(cid) or "",
+                    id=as_id(cid) or text_id(text),
                     text=text if isinstance(text, str) else "",
                     score=as_float(get_path(doc, f"distances.{row}.{i}")),
                     source=as_id(get_path(meta, self.fields.get("source"))),
@@ -197,7 +197,7 @@ class LangServeAdapter(JsonRetrievalAdapter):
 
     def chunk(self, item: Any) -> Chunk:
         c = super().chunk(item)
-        if not c.id:  # LangChain Documents often carry their id in metadata
+        if c.id.startswith("fp:"):  # no id of its own: LangChain Documents often carry it in metadata
             mid = as_id(get_path(item, "metadata.id"))
             if mid:
                 return Chunk(id=mid, text=c.text, score=c.score, source=c.source, acl=c.acl)

@@ -6,7 +6,6 @@ import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from ragtoll.proxy.adapters import ADAPTERS
 from support.adapter_fixtures import adapter
 

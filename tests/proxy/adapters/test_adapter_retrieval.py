@@ -131,3 +131,12 @@ def test_bodiless_gets_are_not_retrievals() -> None:
 def test_huge_vector_components_still_key() -> None:
     call = parse(adapter("qdrant", "retrieval"), "/collections/c/points/search", {"vector": [1e308, -1e308], "limit": 1})
     assert call.parse_error is None and call.query_key is not None
+
+
+def test_chunks_without_ids_get_their_text_fingerprint() -> None:
+    from ragtoll.proxy.evidence_track import chunk_key
+
+    ad = adapter("json", "retrieval", {"id": "missing"})
+    obs = observe(ad, parse(ad, "/search", {"query": "q"}), b'{"results": [{"text": "Some Text"}, {"text": "some  text"}]}')
+    ids = [c.id for c in obs.chunks or []]
+    assert ids[0] == ids[1] == chunk_key(Chunk("", "some text")) and ids[0].startswith("fp:")

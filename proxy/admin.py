@@ -21,9 +21,18 @@ from starlette.routing import Route
 from . import budget as bm
 from .config import DIMENSIONS, Settings
 from .records import TaskEnder, _iso
-from .stages.budget import read_secret
 
 MAX_BODY = 4096
+
+
+def read_secret(env: Mapping[str, str], env_name: str | None, file: str | None) -> bytes | None:
+    """A secret from a file (preferred: no environment leaks) or an environment variable."""
+    if file:
+        with open(file, "rb") as fh:
+            value = fh.read().strip()
+        return value or None
+    raw = env.get(env_name or "")
+    return raw.encode() if raw else None
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -39,7 +48,7 @@ def ledger_view(ledger: bm.Ledger, settings: Settings, now_ms: int) -> dict[str,
     profile = settings.budgets.profiles.get(ledger.profile)
     limits = bm.to_units(profile.limits()) if profile else {}
     c = ledger.counters
-    used = {k: c.get(k, 0) for k in ("steps", "calls", "retrieval_calls", "unique_queries", "rerank_calls",
+    used: dict[str, float] = {k: c.get(k, 0) for k in ("steps", "calls", "retrieval_calls", "unique_queries", "rerank_calls",
                                      "context_tokens", "completion_tokens", "cache_hits")}
     used["cost_usd"] = round(bm.usd(c.get("cost_nusd", 0)), 9)
     used["stalled_retrievals"] = c.get("stalled", 0)
@@ -93,7 +102,7 @@ class AdminApi:
         task_id = request.path_params["task_id"]
         try:
             ledger = await self.ender.store.get_task(task_id)  # type: ignore[union-attr]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any store failure is a 503 here
             return _error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
         if ledger is None:
             return _error(404, "task_not_found", f"no active task {task_id[:200]!r}")
@@ -119,7 +128,7 @@ class AdminApi:
                 outcome = {"correct": doc["correct"]}
         try:
             record = await self.ender.end(task_id, outcome)  # type: ignore[union-attr]
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any store failure is a 503 here
             return _error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
         if record is None:
             return _error(404, "task_not_found", f"no active task {task_id[:200]!r}")

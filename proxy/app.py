@@ -118,7 +118,7 @@ class RagtollApp:
         try:
             async with asyncio.timeout(self.settings.store_timeout_ms / 1000):
                 await self.store.ping()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any store failure means not ready
             return JSONResponse({"status": "store_unavailable", "store": store, "error": type(exc).__name__},
                                 status_code=503)
         return JSONResponse({"status": "ready", "store": store})
@@ -135,7 +135,7 @@ async def _sweep(ender: TaskEnder, idle_timeout_s: float) -> None:
         await asyncio.sleep(interval)
         try:
             await ender.sweep()
-        except Exception:  # the store is down or slow: try again next round
+        except Exception:  # noqa: BLE001, S112 - the store is down or slow: try again next round
             continue
 
 

@@ -274,7 +274,7 @@ def effective_limits(profile: Profile, baggage: Mapping[str, str],
             continue
         dim = key[len(BAGGAGE_PREFIX):]
         if dim not in DIMENSIONS:
-            if not dim.startswith("sig") and "." not in dim:
+            if dim not in ("sig", "exp"):  # the signature pair is read by signing.py
                 notes.append(f"baggage {key[:80]} ignored: not a budget dimension")
             continue
         text = raw.strip()

@@ -96,15 +96,18 @@ def read_stream(url: str, key: str, *, batch: int = 1000) -> list[dict[str, Any]
     if url.startswith("redis+cluster://"):  # the store URL form ragtoll's config uses for a Cluster
         from redis.cluster import RedisCluster
 
-        client = RedisCluster.from_url("redis://" + url[len("redis+cluster://"):], socket_timeout=5,
-                                       socket_connect_timeout=5)
+        client = RedisCluster.from_url(
+            "redis://" + url[len("redis+cluster://") :], socket_timeout=5, socket_connect_timeout=5
+        )
     else:
         client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
     out: list[dict[str, Any]] = []
     start = "-"
     try:
         while True:
-            entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(key, min=start, max="+", count=batch)
+            entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(
+                key, min=start, max="+", count=batch
+            )
             for entry_id, fields in entries:
                 out.append(parse_record(_entry(fields), f"{key}#{entry_id.decode()}"))
             if len(entries) < batch:
@@ -206,28 +209,45 @@ def _row(name: str, recs: list[Mapping[str, Any]]) -> Row:
     judged_cost = sum(float(r["cost_usd"]) for r in judged)
     durations = [float(r["duration_ms"]) for r in recs]
     return Row(
-        group=name, tasks=n, judged=len(judged), correct=correct,
+        group=name,
+        tasks=n,
+        judged=len(judged),
+        correct=correct,
         accuracy=correct / len(judged) if judged else None,
-        steps=mean("steps"), retrieval_calls=mean("retrieval_calls"), rerank_calls=mean("rerank_calls"),
-        context_tokens=mean("context_tokens"), cost_usd=mean("cost_usd"),
+        steps=mean("steps"),
+        retrieval_calls=mean("retrieval_calls"),
+        rerank_calls=mean("rerank_calls"),
+        context_tokens=mean("context_tokens"),
+        cost_usd=mean("cost_usd"),
         total_cost_usd=sum(float(r["cost_usd"]) for r in recs),
         cost_per_correct_usd=judged_cost / correct if correct else None,
         exhaustion_rate=sum(1 for r in recs if r.get("exhausted")) / n,
-        would_exhaust_rate=(sum(1 for r in recs if r.get("would_reject") or r.get("exhausted")) / n
-                            if any("would_reject" in r for r in recs) else None),
+        would_exhaust_rate=(
+            sum(1 for r in recs if r.get("would_reject") or r.get("exhausted")) / n
+            if any("would_reject" in r for r in recs)
+            else None
+        ),
         cache_hit_rate=sum(r["cache_hits"] for r in recs) / lookups if lookups else None,
-        latency_p50_ms=percentile(durations, 50), latency_p95_ms=percentile(durations, 95),
+        latency_p50_ms=percentile(durations, 50),
+        latency_p95_ms=percentile(durations, 95),
     )
 
 
 _COLUMNS = (
-    ("group", "group", "s"), ("tasks", "tasks", "d"), ("correct", "correct", "d"),
-    ("accuracy", "accuracy", "%"), ("steps", "steps/task", ".1f"),
-    ("retrieval_calls", "retrievals/task", ".2f"), ("rerank_calls", "reranks/task", ".2f"),
-    ("context_tokens", "ctx tokens/task", ".0f"), ("cost_usd", "cost/task", "$"),
-    ("cost_per_correct_usd", "cost/correct", "$"), ("exhaustion_rate", "exhausted", "%"),
+    ("group", "group", "s"),
+    ("tasks", "tasks", "d"),
+    ("correct", "correct", "d"),
+    ("accuracy", "accuracy", "%"),
+    ("steps", "steps/task", ".1f"),
+    ("retrieval_calls", "retrievals/task", ".2f"),
+    ("rerank_calls", "reranks/task", ".2f"),
+    ("context_tokens", "ctx tokens/task", ".0f"),
+    ("cost_usd", "cost/task", "$"),
+    ("cost_per_correct_usd", "cost/correct", "$"),
+    ("exhaustion_rate", "exhausted", "%"),
     ("would_exhaust_rate", "would exhaust", "%"),
-    ("cache_hit_rate", "cache hits", "%"), ("latency_p50_ms", "p50 ms", ".0f"),
+    ("cache_hit_rate", "cache hits", "%"),
+    ("latency_p50_ms", "p50 ms", ".0f"),
     ("latency_p95_ms", "p95 ms", ".0f"),
 )
 
@@ -265,7 +285,8 @@ def render_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
-            str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=False))
+            str(c).ljust(w) if i == 0 else str(c).rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=False))
         ).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths]), *(line(b) for b in body)]) + "\n"
@@ -293,7 +314,9 @@ class ProfileAdvice:
     cut_any: int  # past tasks at least one suggestion would have cut
 
 
-def recommend(records: Iterable[Mapping[str, Any]], percentile_: float = 95, headroom: float = 1.2) -> list[ProfileAdvice]:
+def recommend(
+    records: Iterable[Mapping[str, Any]], percentile_: float = 95, headroom: float = 1.2
+) -> list[ProfileAdvice]:
     """Per profile: `percentile_` of what correctly answered tasks used, times `headroom`.
 
     Without any posted outcome for a profile, tasks that did not exhaust a budget are the basis
@@ -302,7 +325,9 @@ def recommend(records: Iterable[Mapping[str, Any]], percentile_: float = 95, hea
     if not 0 < percentile_ <= 100:
         raise ReportError(f"percentile {percentile_!r} must be in (0, 100]")
     if headroom < 1:
-        raise ReportError(f"headroom {headroom!r} must be >= 1 (a limit below what correct tasks used cuts them)")
+        raise ReportError(
+            f"headroom {headroom!r} must be >= 1 (a limit below what correct tasks used cuts them)"
+        )
     by_profile: dict[str, list[Mapping[str, Any]]] = {}
     for rec in records:
         by_profile.setdefault(str(rec.get("profile") or "-"), []).append(rec)
@@ -323,8 +348,15 @@ def recommend(records: Iterable[Mapping[str, Any]], percentile_: float = 95, hea
             limit = _round_up(observed * headroom, dim)
             cut = [r for r in recs if float(r[key]) > limit]
             over.update(str(r["task_id"]) for r in cut)
-            suggestions.append(Suggestion(dim, limit, observed, len(cut),
-                                          sum(1 for r in cut if (r.get("outcome") or {}).get("correct"))))
+            suggestions.append(
+                Suggestion(
+                    dim,
+                    limit,
+                    observed,
+                    len(cut),
+                    sum(1 for r in cut if (r.get("outcome") or {}).get("correct")),
+                )
+            )
         advice.append(ProfileAdvice(name, len(recs), len(basis), label, tuple(suggestions), len(over)))
     return advice
 
@@ -338,17 +370,24 @@ def _round_up(value: float, dim: str) -> float:
 
 def format_advice(advice: Sequence[ProfileAdvice], percentile_: float, headroom: float) -> str:
     """A YAML snippet for `budgets.profiles`, each limit commented with what it would have cut."""
-    lines = [f"# ragtoll recommend: p{percentile_:g} of what tasks used x {headroom:g} headroom",
-             "budgets:", "  profiles:"]
+    lines = [
+        f"# ragtoll recommend: p{percentile_:g} of what tasks used x {headroom:g} headroom",
+        "budgets:",
+        "  profiles:",
+    ]
     for a in advice:
-        lines.append(f"    {_yaml_key(a.profile)}:  # {a.tasks} task{'s' if a.tasks != 1 else ''} observed, basis: "
-                     f"{a.basis} {a.basis_label}; these limits would have cut {a.cut_any}")
+        lines.append(
+            f"    {_yaml_key(a.profile)}:  # {a.tasks} task{'s' if a.tasks != 1 else ''} observed, basis: "
+            f"{a.basis} {a.basis_label}; these limits would have cut {a.cut_any}"
+        )
         if not a.suggestions:
             lines.append("      {}  # no basis tasks: keep the current limits")
         for s in a.suggestions:
             value = f"{s.limit:g}" if s.dimension == "max_cost_usd" else str(round(s.limit))
-            lines.append(f"      {s.dimension}: {value}".ljust(36)
-                         + f"# p{percentile_:g}={s.observed:.4g}; would have cut {s.cut} ({s.cut_correct} correct)")
+            lines.append(
+                f"      {s.dimension}: {value}".ljust(36)
+                + f"# p{percentile_:g}={s.observed:.4g}; would have cut {s.cut} ({s.cut_correct} correct)"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -28,30 +28,46 @@ def cost_svg(records: Sequence[Mapping[str, Any]], by: str) -> str:
     plot_w, plot_h = _W - left - 20, height - top - bottom
     peak = max((float(r["cost_usd"]) for r in recs), default=0.0) or 1.0
     bar = plot_w / max(len(recs), 1)
-    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif" '
-              f'font-size="11"><title>Cost per task</title>'),
-             (f'<text x="{left}" y="18" font-size="14" font-weight="bold">Cost per task (USD), grouped by {_esc(by)}; '
-              'green correct, red wrong, grey not judged</text>')]
+    parts = [
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif" '
+            f'font-size="11"><title>Cost per task</title>'
+        ),
+        (
+            f'<text x="{left}" y="18" font-size="14" font-weight="bold">Cost per task (USD), grouped by {_esc(by)}; '
+            "green correct, red wrong, grey not judged</text>"
+        ),
+    ]
     for frac in (0, 0.5, 1):
         y = top + plot_h * (1 - frac)
-        parts.append(f'<line x1="{left}" x2="{_W - 20}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
-                     f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{peak * frac:.4f}</text>')
+        parts.append(
+            f'<line x1="{left}" x2="{_W - 20}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>'
+            f'<text x="{left - 4}" y="{y + 4:.1f}" text-anchor="end">{peak * frac:.4f}</text>'
+        )
     last_group = None
     for i, r in enumerate(recs):
         x = left + i * bar
         h = plot_h * float(r["cost_usd"]) / peak
         outcome = r.get("outcome")
         colour = _COLOURS[outcome["correct"] if outcome else None]
-        tip = f'{r["task_id"]}: ${float(r["cost_usd"]):.5f}' + (f' exhausted {r["exhausted"]}' if r.get("exhausted") else "")
-        parts.append(f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{max(bar - 1, 0.5):.1f}" height="{h:.1f}" '
-                     f'fill="{colour}"><title>{_esc(tip)}</title></rect>')
+        tip = f"{r['task_id']}: ${float(r['cost_usd']):.5f}" + (
+            f" exhausted {r['exhausted']}" if r.get("exhausted") else ""
+        )
+        parts.append(
+            f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{max(bar - 1, 0.5):.1f}" height="{h:.1f}" '
+            f'fill="{colour}"><title>{_esc(tip)}</title></rect>'
+        )
         if str(r.get(by)) != last_group:
             last_group = str(r.get(by))
-            parts.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h + 14}" stroke="#555"/>'
-                         f'<text x="{x + 3:.1f}" y="{top + plot_h + 26}">{_esc(last_group)}</text>')
+            parts.append(
+                f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h + 14}" stroke="#555"/>'
+                f'<text x="{x + 3:.1f}" y="{top + plot_h + 26}">{_esc(last_group)}</text>'
+            )
         if r.get("exhausted"):
-            parts.append(f'<text x="{x + bar / 2:.1f}" y="{top + plot_h - h - 3:.1f}" text-anchor="middle" '
-                         f'fill="#c62828">×</text>')
+            parts.append(
+                f'<text x="{x + bar / 2:.1f}" y="{top + plot_h - h - 3:.1f}" text-anchor="middle" '
+                f'fill="#c62828">×</text>'
+            )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -62,20 +78,30 @@ def budget_svg(records: Sequence[Mapping[str, Any]], by: str) -> str:
     row_h, label_w, height_top = 26 + 12 * len(groups), 190, 40
     height = height_top + row_h * len(dims) + 20
     plot_w = _W - label_w - 160
-    parts = [(f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif" '
-              f'font-size="11"><title>Budget use per dimension</title>'),
-             (f'<text x="10" y="18" font-size="14" font-weight="bold">Budget use per dimension by {_esc(by)}: '
-              'bar p50, whisker p95, tick max; rejections at right</text>')]
+    parts = [
+        (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{height}" font-family="sans-serif" '
+            f'font-size="11"><title>Budget use per dimension</title>'
+        ),
+        (
+            f'<text x="10" y="18" font-size="14" font-weight="bold">Budget use per dimension by {_esc(by)}: '
+            "bar p50, whisker p95, tick max; rejections at right</text>"
+        ),
+    ]
     for gi, g in enumerate(groups):
-        parts.append(f'<rect x="{10 + gi * 120}" y="26" width="10" height="10" fill="{_GROUP_COLOURS[gi % 7]}"/>'
-                     f'<text x="{24 + gi * 120}" y="35">{_esc(g)}</text>')
+        parts.append(
+            f'<rect x="{10 + gi * 120}" y="26" width="10" height="10" fill="{_GROUP_COLOURS[gi % 7]}"/>'
+            f'<text x="{24 + gi * 120}" y="35">{_esc(g)}</text>'
+        )
     for di, (key, dim) in enumerate(dims):
         y0 = height_top + di * row_h + 8
         peak = max((float(r[key]) for r in records), default=0.0) or 1.0
         rejected = sum(int((r.get("rejections") or {}).get(dim, 0)) for r in records)
         exhausted = sum(1 for r in records if r.get("exhausted") == dim)
-        parts.append(f'<text x="10" y="{y0 + 10}">{_esc(dim)}</text>'
-                     f'<text x="{_W - 150}" y="{y0 + 10}">{rejected} rejected, {exhausted} exhausted</text>')
+        parts.append(
+            f'<text x="10" y="{y0 + 10}">{_esc(dim)}</text>'
+            f'<text x="{_W - 150}" y="{y0 + 10}">{rejected} rejected, {exhausted} exhausted</text>'
+        )
         for gi, g in enumerate(groups):
             vals = [float(r[key]) for r in records if str(r.get(by)) == g]
             p50, p95, top = percentile(vals, 50), percentile(vals, 95), max(vals, default=0.0)
@@ -83,11 +109,12 @@ def budget_svg(records: Sequence[Mapping[str, Any]], by: str) -> str:
             scale = plot_w / peak
             parts.append(
                 f'<rect x="{label_w}" y="{y}" width="{p50 * scale:.1f}" height="9" fill="{_GROUP_COLOURS[gi % 7]}">'
-                f'<title>{_esc(g)} {_esc(key)}: p50 {p50:.4g}, p95 {p95:.4g}, max {top:.4g}</title></rect>'
+                f"<title>{_esc(g)} {_esc(key)}: p50 {p50:.4g}, p95 {p95:.4g}, max {top:.4g}</title></rect>"
                 f'<line x1="{label_w + p50 * scale:.1f}" x2="{label_w + p95 * scale:.1f}" y1="{y + 4.5}" y2="{y + 4.5}" '
                 f'stroke="#333"/><line x1="{label_w + top * scale:.1f}" x2="{label_w + top * scale:.1f}" '
                 f'y1="{y}" y2="{y + 9}" stroke="#333"/>'
-                f'<text x="{label_w + plot_w + 4}" y="{y + 8}" fill="#555">{p95:.4g}</text>')
+                f'<text x="{label_w + plot_w + 4}" y="{y + 8}" fill="#555">{p95:.4g}</text>'
+            )
     parts.append("</svg>")
     return "".join(parts)
 
@@ -102,11 +129,15 @@ def render(records: Sequence[Mapping[str, Any]], by: str, fmt: str, table_html: 
     if fmt == "svg":
         h1 = int(cost.split('height="', 1)[1].split('"', 1)[0])
         h2 = int(budget.split('height="', 1)[1].split('"', 1)[0])
-        return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{h1 + h2}">{cost}'
-                f'<g transform="translate(0,{h1})">{budget}</g></svg>\n')
+        return (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{h1 + h2}">{cost}'
+            f'<g transform="translate(0,{h1})">{budget}</g></svg>\n'
+        )
     if fmt != "html":
         raise ReportError(f"cannot plot as {fmt!r}: write a .html or .svg file")
-    return ("<!doctype html><html><head><meta charset=\"utf-8\"><title>ragtoll report</title>"
-            "<style>body{font-family:sans-serif;margin:2em}pre{font-size:12px}</style></head><body>"
-            f"<h1>ragtoll report: {len(records)} tasks</h1>{cost}<br>{budget}"
-            f"<h2>Evaluation table</h2><pre>{_esc(table_html)}</pre></body></html>\n")
+    return (
+        '<!doctype html><html><head><meta charset="utf-8"><title>ragtoll report</title>'
+        "<style>body{font-family:sans-serif;margin:2em}pre{font-size:12px}</style></head><body>"
+        f"<h1>ragtoll report: {len(records)} tasks</h1>{cost}<br>{budget}"
+        f"<h2>Evaluation table</h2><pre>{_esc(table_html)}</pre></body></html>\n"
+    )

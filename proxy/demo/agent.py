@@ -16,9 +16,11 @@ import orjson
 
 from .tools import SPECS, Tools
 
-SYSTEM = ("You answer questions about Northwind Cloud using only the documents returned by your tools. "
-          "Search with retrieve, order results with rerank, cite chunk ids, and say when you cannot find "
-          "the answer.")
+SYSTEM = (
+    "You answer questions about Northwind Cloud using only the documents returned by your tools. "
+    "Search with retrieve, order results with rerank, cite chunk ids, and say when you cannot find "
+    "the answer."
+)
 MAX_TURNS = 30
 PREFETCH_TOP_K = 6
 _SPECS = cast(Any, SPECS)  # the SDK wants its TypedDicts; these plain dicts have that shape
@@ -32,8 +34,15 @@ class AgentResult:
     tool_errors: list[str] = field(default_factory=list)
 
 
-def run(llm: openai.OpenAI, tools: Tools, question: str, *, model: str = "gpt-4o",
-        max_turns: int = MAX_TURNS, prefetch: bool = True) -> AgentResult:
+def run(
+    llm: openai.OpenAI,
+    tools: Tools,
+    question: str,
+    *,
+    model: str = "gpt-4o",
+    max_turns: int = MAX_TURNS,
+    prefetch: bool = True,
+) -> AgentResult:
     """Answer `question`; with `prefetch`, the first search is the question itself, made before
     the first model call (so the task's first query, which ragtoll classifies, is the question)."""
     messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
@@ -45,14 +54,28 @@ def run(llm: openai.OpenAI, tools: Tools, question: str, *, model: str = "gpt-4o
         if "error" in out:
             result.tool_errors.append(str(out["error"]))
         args = orjson.dumps({"query": question, "top_k": PREFETCH_TOP_K}).decode()
-        messages.append({"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_prefetch", "type": "function", "function": {"name": "retrieve", "arguments": args}}]})
-        messages.append({"role": "tool", "tool_call_id": "call_prefetch", "content": orjson.dumps(out).decode()})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_prefetch",
+                        "type": "function",
+                        "function": {"name": "retrieve", "arguments": args},
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {"role": "tool", "tool_call_id": "call_prefetch", "content": orjson.dumps(out).decode()}
+        )
     for turn in range(1, max_turns + 1):
         result.turns = turn
         try:
-            resp = llm.chat.completions.create(model=model, messages=messages,
-                                               tools=_SPECS, extra_headers=tools.headers)
+            resp = llm.chat.completions.create(
+                model=model, messages=messages, tools=_SPECS, extra_headers=tools.headers
+            )
         except openai.APIStatusError as exc:
             body = exc.body if isinstance(exc.body, dict) else {}
             error = body.get("error", body) if isinstance(body, dict) else {}
@@ -66,9 +89,21 @@ def run(llm: openai.OpenAI, tools: Tools, question: str, *, model: str = "gpt-4o
         if not msg.tool_calls:
             result.answer = msg.content or ""
             return result
-        messages.append({"role": "assistant", "content": msg.content, "tool_calls": [
-            {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
-            for c in msg.tool_calls if c.type == "function"]})
+        messages.append(
+            {
+                "role": "assistant",
+                "content": msg.content,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": c.function.arguments},
+                    }
+                    for c in msg.tool_calls
+                    if c.type == "function"
+                ],
+            }
+        )
         for c in msg.tool_calls:
             if c.type != "function":
                 continue
@@ -80,8 +115,9 @@ def run(llm: openai.OpenAI, tools: Tools, question: str, *, model: str = "gpt-4o
     # (LangChain's early_stopping_method="generate")
     result.stopped = f"agent hit its own limit of {max_turns} turns"
     try:
-        resp = llm.chat.completions.create(model=model, messages=messages,
-                                           tools=_SPECS, tool_choice="none", extra_headers=tools.headers)
+        resp = llm.chat.completions.create(
+            model=model, messages=messages, tools=_SPECS, tool_choice="none", extra_headers=tools.headers
+        )
         result.answer = resp.choices[0].message.content or ""
     except (openai.APIStatusError, openai.APIConnectionError) as exc:
         result.stopped += f"; the final call failed too: {exc}"

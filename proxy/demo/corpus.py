@@ -44,11 +44,15 @@ def _lines(name: str) -> list[dict[str, Any]]:
 
 
 def load_corpus() -> list[Chunk]:
-    return [Chunk(r["id"], r["doc"], r["title"], r["text"], tuple(r["groups"])) for r in _lines("corpus.jsonl")]
+    return [
+        Chunk(r["id"], r["doc"], r["title"], r["text"], tuple(r["groups"])) for r in _lines("corpus.jsonl")
+    ]
 
 
 def load_workload(quick: bool = False) -> list[Task]:
-    tasks = [Task(r["id"], r["kind"], r["principal"], r["question"], r["quick"]) for r in _lines("workload.jsonl")]
+    tasks = [
+        Task(r["id"], r["kind"], r["principal"], r["question"], r["quick"]) for r in _lines("workload.jsonl")
+    ]
     return [t for t in tasks if t.quick] if quick else tasks
 
 
@@ -75,7 +79,9 @@ class Index:
         n = len(chunks)
         self.idf = {t: math.log(1 + (n - f + 0.5) / (f + 0.5)) for t, f in df.items()}
 
-    def search(self, query: str, groups: tuple[str, ...] | list[str], top_k: int) -> list[tuple[Chunk, float]]:
+    def search(
+        self, query: str, groups: tuple[str, ...] | list[str], top_k: int
+    ) -> list[tuple[Chunk, float]]:
         q = terms(query)
         scored = []
         for i, chunk in enumerate(self.chunks):

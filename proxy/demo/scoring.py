@@ -42,7 +42,9 @@ class AclFinding:
     groups: tuple[str, ...]
 
 
-def audit_acl(received: Sequence[tuple[str, str, Sequence[str]]], chunks: Sequence[Chunk]) -> tuple[int, list[AclFinding]]:
+def audit_acl(
+    received: Sequence[tuple[str, str, Sequence[str]]], chunks: Sequence[Chunk]
+) -> tuple[int, list[AclFinding]]:
     """(chunks checked, violations) over (task, principal, chunk ids received) triples.
     An id missing from the corpus is a violation too: the agent got something nobody vetted."""
     acl = {c.id: c.groups for c in chunks}
@@ -66,7 +68,9 @@ def _money(v: float | None) -> str:
     return "-" if v is None else f"${v:.4f}"
 
 
-def compare(shadow: Sequence[Mapping[str, Any]], enforced: Sequence[Mapping[str, Any]]) -> tuple[str, Row, Row]:
+def compare(
+    shadow: Sequence[Mapping[str, Any]], enforced: Sequence[Mapping[str, Any]]
+) -> tuple[str, Row, Row]:
     """The two runs side by side, every number computed from ragtoll's task records."""
     a, b = overall(shadow, "shadow"), overall(enforced, "enforced")
 
@@ -79,18 +83,44 @@ def compare(shadow: Sequence[Mapping[str, Any]], enforced: Sequence[Mapping[str,
     body = [
         ["tasks", str(a.tasks), str(b.tasks), ""],
         ["correct answers", acc(a), acc(b), f"{((b.accuracy or 0) - (a.accuracy or 0)) * 100:+.1f} pts"],
-        ["retrieval calls / task", f"{a.retrieval_calls:.2f}", f"{b.retrieval_calls:.2f}",
-         _pct(b.retrieval_calls, a.retrieval_calls)],
-        ["rerank calls / task", f"{a.rerank_calls:.2f}", f"{b.rerank_calls:.2f}", _pct(b.rerank_calls, a.rerank_calls)],
+        [
+            "retrieval calls / task",
+            f"{a.retrieval_calls:.2f}",
+            f"{b.retrieval_calls:.2f}",
+            _pct(b.retrieval_calls, a.retrieval_calls),
+        ],
+        [
+            "rerank calls / task",
+            f"{a.rerank_calls:.2f}",
+            f"{b.rerank_calls:.2f}",
+            _pct(b.rerank_calls, a.rerank_calls),
+        ],
         ["LLM steps / task", f"{a.steps:.2f}", f"{b.steps:.2f}", _pct(b.steps, a.steps)],
-        ["context tokens / task", f"{a.context_tokens:.0f}", f"{b.context_tokens:.0f}",
-         _pct(b.context_tokens, a.context_tokens)],
+        [
+            "context tokens / task",
+            f"{a.context_tokens:.0f}",
+            f"{b.context_tokens:.0f}",
+            _pct(b.context_tokens, a.context_tokens),
+        ],
         ["cost / task", _money(a.cost_usd), _money(b.cost_usd), _pct(b.cost_usd, a.cost_usd)],
-        ["cost / correct answer", _money(a.cost_per_correct_usd), _money(b.cost_per_correct_usd),
-         _pct(b.cost_per_correct_usd, a.cost_per_correct_usd)],
-        ["budget exhaustion rate", f"{rate(a.exhaustion_rate)} (would: {rate(a.would_exhaust_rate)})", rate(b.exhaustion_rate), ""],
+        [
+            "cost / correct answer",
+            _money(a.cost_per_correct_usd),
+            _money(b.cost_per_correct_usd),
+            _pct(b.cost_per_correct_usd, a.cost_per_correct_usd),
+        ],
+        [
+            "budget exhaustion rate",
+            f"{rate(a.exhaustion_rate)} (would: {rate(a.would_exhaust_rate)})",
+            rate(b.exhaustion_rate),
+            "",
+        ],
         ["cache hit rate", rate(a.cache_hit_rate), rate(b.cache_hit_rate), ""],
-        ["task latency p95", f"{a.latency_p95_ms:.0f} ms", f"{b.latency_p95_ms:.0f} ms",
-         _pct(b.latency_p95_ms, a.latency_p95_ms)],
+        [
+            "task latency p95",
+            f"{a.latency_p95_ms:.0f} ms",
+            f"{b.latency_p95_ms:.0f} ms",
+            _pct(b.latency_p95_ms, a.latency_p95_ms),
+        ],
     ]
     return render_table(["", "shadow", "budgets + cache", "change"], body), a, b

@@ -62,9 +62,15 @@ def retrieval_app(chunks: list[Chunk]) -> Starlette:
         header = request.headers.get("x-auth-groups", "")
         groups = [g.strip() for g in header.split(",") if g.strip()] or list(PRINCIPALS["bob"])
         served["search"] += 1
-        results = [{"id": c.id, "text": c.text, "score": s,
-                    "metadata": {"groups": list(c.groups), "doc": c.doc, "title": c.title}}
-                   for c, s in index.search(doc["query"], groups, top_k)]
+        results = [
+            {
+                "id": c.id,
+                "text": c.text,
+                "score": s,
+                "metadata": {"groups": list(c.groups), "doc": c.doc, "title": c.title},
+            }
+            for c, s in index.search(doc["query"], groups, top_k)
+        ]
         return _json({"results": results}, headers={"x-index-version": INDEX_VERSION})
 
     app = Starlette(routes=[Route("/search", search, methods=["POST"])])
@@ -88,14 +94,20 @@ def rerank_app() -> Starlette:
         texts = [d if isinstance(d, str) else str((d or {}).get("text", "")) for d in doc["documents"]]
         top_n = doc.get("top_n") or len(texts)
         served["rerank"] += 1
-        ranked = sorted(((rerank_score(doc["query"], t), i) for i, t in enumerate(texts)), key=lambda si: (-si[0], si[1]))
-        return _json({
-            "id": f"rr-{served['rerank']}",
-            "results": [{"index": i, "relevance_score": s} for s, i in ranked[: int(top_n)]],
-            "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
-        })
+        ranked = sorted(
+            ((rerank_score(doc["query"], t), i) for i, t in enumerate(texts)), key=lambda si: (-si[0], si[1])
+        )
+        return _json(
+            {
+                "id": f"rr-{served['rerank']}",
+                "results": [{"index": i, "relevance_score": s} for s, i in ranked[: int(top_n)]],
+                "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1}},
+            }
+        )
 
-    app = Starlette(routes=[Route("/v1/rerank", rerank, methods=["POST"]), Route("/v2/rerank", rerank, methods=["POST"])])
+    app = Starlette(
+        routes=[Route("/v1/rerank", rerank, methods=["POST"]), Route("/v2/rerank", rerank, methods=["POST"])]
+    )
     app.state.served = served
     return app
 
@@ -132,22 +144,46 @@ def llm_app() -> Starlette:
             finish, out_text = "stop", action.answer
         else:
             args = orjson.dumps(action.arguments).decode()
-            message = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"call_{n}", "type": "function", "function": {"name": action.tool, "arguments": args}}]}
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{n}",
+                        "type": "function",
+                        "function": {"name": action.tool, "arguments": args},
+                    }
+                ],
+            }
             finish, out_text = "tool_calls", f"{action.tool} {args}"
         prompt, _ = tokens.count_prompt(MODEL, _prompt_texts(body), len(body["messages"]))
         completion = tokens.count(out_text) + 3
-        return _json({
-            "id": f"chatcmpl-demo-{n}", "object": "chat.completion", "created": int(time.time()),
-            "model": MODEL, "system_fingerprint": "ragtoll-demo",
-            "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
-        })
+        return _json(
+            {
+                "id": f"chatcmpl-demo-{n}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": MODEL,
+                "system_fingerprint": "ragtoll-demo",
+                "choices": [{"index": 0, "message": message, "finish_reason": finish, "logprobs": None}],
+                "usage": {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": completion,
+                    "total_tokens": prompt + completion,
+                },
+            }
+        )
 
     async def models(request: Request) -> Response:
-        return _json({"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "ragtoll-demo"}]})
+        return _json(
+            {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "ragtoll-demo"}]}
+        )
 
-    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"]),
-                            Route("/v1/models", models, methods=["GET"])])
+    app = Starlette(
+        routes=[
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+        ]
+    )
     app.state.served = served
     return app

@@ -17,10 +17,22 @@ class _ThreadServer(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def serve(app: Any, *, host: str = "127.0.0.1", port: int = 0, lifespan: Literal["auto", "on", "off"] = "auto") -> Iterator[str]:
+def serve(
+    app: Any, *, host: str = "127.0.0.1", port: int = 0, lifespan: Literal["auto", "on", "off"] = "auto"
+) -> Iterator[str]:
     """Yields the base URL once the server accepts connections; stops it (gracefully) on exit."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="error", lifespan=lifespan, access_log=False,
-                            loop="asyncio", timeout_graceful_shutdown=2, server_header=False, date_header=False)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="error",
+        lifespan=lifespan,
+        access_log=False,
+        loop="asyncio",
+        timeout_graceful_shutdown=2,
+        server_header=False,
+        date_header=False,
+    )
     server = _ThreadServer(config)
     thread = threading.Thread(target=server.run, name="ragtoll-demo-server", daemon=True)
     thread.start()

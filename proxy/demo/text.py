@@ -11,11 +11,82 @@ import re
 _TOKEN = re.compile(r"[a-z0-9]+(?:[.\-][a-z0-9]+)*")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+")
 STOPWORDS = frozenset(
-    ["a", "an", "the", "is", "are", "was", "were", "be", "been", "of", "for", "to", "in", "on", "at", "by", "and", "or", "what", "whats", "which", "who", "whom", "how", "when", "where", "why", "do", "does", "did", "i", "my", "we", "you", "it", "its", "this", "that", "these", "with", "from", "long", "many", "much", "often", "must", "can", "should", "there", "their", "them", "they", "me", "our", "per", "about", "any", "s", "into", "than", "then", "before", "during"]
+    [
+        "a",
+        "an",
+        "the",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "of",
+        "for",
+        "to",
+        "in",
+        "on",
+        "at",
+        "by",
+        "and",
+        "or",
+        "what",
+        "whats",
+        "which",
+        "who",
+        "whom",
+        "how",
+        "when",
+        "where",
+        "why",
+        "do",
+        "does",
+        "did",
+        "i",
+        "my",
+        "we",
+        "you",
+        "it",
+        "its",
+        "this",
+        "that",
+        "these",
+        "with",
+        "from",
+        "long",
+        "many",
+        "much",
+        "often",
+        "must",
+        "can",
+        "should",
+        "there",
+        "their",
+        "them",
+        "they",
+        "me",
+        "our",
+        "per",
+        "about",
+        "any",
+        "s",
+        "into",
+        "than",
+        "then",
+        "before",
+        "during",
+    ]
 )
 # what a search engine's synonym file (and a language model) would treat as one meaning
-SYNONYMS = {"period": "window", "yearly": "annual", "subscription": "plan", "led": "lead", "leader": "lead",
-            "kept": "retain", "mfa": "multi-factor"}
+SYNONYMS = {
+    "period": "window",
+    "yearly": "annual",
+    "subscription": "plan",
+    "led": "lead",
+    "leader": "lead",
+    "kept": "retain",
+    "mfa": "multi-factor",
+}
 
 
 def stem(word: str) -> str:
@@ -24,7 +95,11 @@ def stem(word: str) -> str:
     if any(c.isdigit() for c in word):
         return word
     for suffix in ("ing", "ed", "es", "s"):
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3 and not (suffix == "s" and word.endswith("ss")):
+        if (
+            word.endswith(suffix)
+            and len(word) - len(suffix) >= 3
+            and not (suffix == "s" and word.endswith("ss"))
+        ):
             word = word[: -len(suffix)]
             break
     if word.endswith("e") and len(word) > 3:
@@ -34,7 +109,9 @@ def stem(word: str) -> str:
 
 def terms(text: str) -> list[str]:
     """Content terms of `text`, in order, stemmed; stopwords and one-letter words dropped."""
-    return [stem(t) for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS and (len(t) > 1 or t.isdigit())]
+    return [
+        stem(t) for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS and (len(t) > 1 or t.isdigit())
+    ]
 
 
 def sentences(text: str) -> list[str]:

@@ -12,15 +12,37 @@ import httpx
 import orjson
 
 SPECS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "retrieve", "description": "Search the document index; returns chunks with id, text and score.",
-        "parameters": {"type": "object", "required": ["query"], "properties": {
-            "query": {"type": "string"}, "top_k": {"type": "integer", "minimum": 1, "maximum": 50}}}}},
-    {"type": "function", "function": {
-        "name": "rerank", "description": "Rerank chunks returned by retrieve for a query; returns the best ones.",
-        "parameters": {"type": "object", "required": ["query", "ids"], "properties": {
-            "query": {"type": "string"}, "ids": {"type": "array", "items": {"type": "string"}},
-            "top_n": {"type": "integer", "minimum": 1}}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "retrieve",
+            "description": "Search the document index; returns chunks with id, text and score.",
+            "parameters": {
+                "type": "object",
+                "required": ["query"],
+                "properties": {
+                    "query": {"type": "string"},
+                    "top_k": {"type": "integer", "minimum": 1, "maximum": 50},
+                },
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "rerank",
+            "description": "Rerank chunks returned by retrieve for a query; returns the best ones.",
+            "parameters": {
+                "type": "object",
+                "required": ["query", "ids"],
+                "properties": {
+                    "query": {"type": "string"},
+                    "ids": {"type": "array", "items": {"type": "string"}},
+                    "top_n": {"type": "integer", "minimum": 1},
+                },
+            },
+        },
+    },
 ]
 
 
@@ -42,14 +64,20 @@ class Tools:
         if name == "retrieve":
             return self.retrieve(str(args.get("query", "")), int(args.get("top_k") or 6))
         if name == "rerank":
-            return self.rerank(str(args.get("query", "")), [str(i) for i in args.get("ids") or []],
-                               int(args.get("top_n") or 3))
+            return self.rerank(
+                str(args.get("query", "")),
+                [str(i) for i in args.get("ids") or []],
+                int(args.get("top_n") or 3),
+            )
         return {"error": f"no tool named {name!r}"}
 
     def _post(self, path: str, body: dict[str, Any]) -> tuple[dict[str, Any] | None, str | None]:
         try:
-            resp = self.http.post(self.base + path, content=orjson.dumps(body),
-                                  headers={**self.headers, "content-type": "application/json"})
+            resp = self.http.post(
+                self.base + path,
+                content=orjson.dumps(body),
+                headers={**self.headers, "content-type": "application/json"},
+            )
         except httpx.HTTPError as exc:
             return None, f"{path} failed: {type(exc).__name__}"
         try:
@@ -78,8 +106,15 @@ class Tools:
         known = [i for i in ids if i in self.texts]
         if not known:
             return {"error": "rerank needs chunk ids returned by retrieve"}
-        doc, error = self._post("/rerank/v2/rerank", {"model": "rerank-v3.5", "query": query, "top_n": top_n,
-                                                      "documents": [self.texts[i] for i in known]})
+        doc, error = self._post(
+            "/rerank/v2/rerank",
+            {
+                "model": "rerank-v3.5",
+                "query": query,
+                "top_n": top_n,
+                "documents": [self.texts[i] for i in known],
+            },
+        )
         if doc is None:
             return {"error": error}
         ranked = []

@@ -23,23 +23,13 @@ import orjson
 from ...instrumentation import semconv as sc
 from .. import budget as bm
 from ..budget import Actual, Charge, Ledger, Reservation, Selection
+from ..classifier import classify as _classify
 from ..config import Settings
 from ..errors import BudgetExceeded, StoreUnavailable
 from ..pipeline import Exchange, Reply
+from ..pricing import Prices
+from ..signing import load_key, verify_budget_baggage
 from ..stores.base import Decision, Store, TaskMeta
-
-try:  # landing in parallel (issue 3); the fallback prices nothing
-    from ..pricing import Prices
-except ImportError:  # pragma: no cover
-    Prices = None  # type: ignore[assignment,misc]
-try:
-    from ..classifier import classify as _classify
-except ImportError:  # pragma: no cover
-    _classify = None  # type: ignore[assignment]
-try:
-    from ..signing import verify_budget_baggage as _verify
-except ImportError:  # pragma: no cover
-    _verify = None  # type: ignore[assignment]
 
 REMAINING_HEADER = b"x-ragtoll-budget-remaining"
 WARNING_HEADER = b"x-ragtoll-budget-warning"
@@ -65,16 +55,6 @@ class Ticket:
     cut: str | None = None
 
 
-def read_secret(env: Mapping[str, str], env_name: str | None, file: str | None) -> bytes | None:
-    """A secret from a file (preferred: no environment leaks) or an environment variable."""
-    if file:
-        with open(file, "rb") as fh:
-            value = fh.read().strip()
-        return value or None
-    raw = env.get(env_name or "")
-    return raw.encode() if raw else None
-
-
 class BudgetStage:
     def __init__(self, settings: Settings, store: Store, *, meter: Any = None,
                  env: Mapping[str, str] | None = None, wall_ms: Callable[[], int] | None = None,
@@ -83,10 +63,11 @@ class BudgetStage:
         self.cfg = settings.budgets
         self.store = store
         self.timeout = settings.store_timeout_ms / 1000
-        self.prices = Prices.from_settings(settings) if Prices is not None else None
+        self.prices: Prices | None = Prices.from_settings(settings)
         self.classify = classify or _classify
         env = os.environ if env is None else env
-        self.hmac_key = read_secret(env, self.cfg.hmac_key_env, self.cfg.hmac_key_file)
+        # a weak or unreadable key is a ConfigError at startup, not a silent "ignore every raise"
+        self.hmac_key = load_key(self.cfg.hmac_key_env, self.cfg.hmac_key_file, env)
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
         self._profiles: OrderedDict[str, Selection] = OrderedDict()
         self._rejections = meter.create_counter(sc.METRIC_REJECTIONS, unit="{call}",
@@ -112,7 +93,7 @@ class BudgetStage:
                     self._remember(task_id, sel)
                     limits, notes = self._limits(sel.profile, baggage, task_id, now)
                     decision = await self._reserve(task_id, sel, limits, charge, now)
-        except Exception as exc:  # any store failure: open or closed, never hang
+        except Exception as exc:  # noqa: BLE001 - any store failure: open or closed, never hang
             return self._store_failed(ex, exc, hit)
         if decision.profile_conflict:
             return self._store_failed(ex, RuntimeError("profile conflict did not resolve"), hit)
@@ -146,8 +127,8 @@ class BudgetStage:
     def _limits(self, profile: str, baggage: dict[str, str], task_id: str, now_ms: int) -> tuple[dict[str, int], list[str]]:
         raises: dict[str, float] = {}
         notes: list[str] = []
-        if _verify is not None and any(k.startswith(bm.BAGGAGE_PREFIX) for k in baggage):
-            raises, sig_notes = _verify(baggage, task_id, self.hmac_key, now_ms / 1000)
+        if any(k.startswith(bm.BAGGAGE_PREFIX) for k in baggage):
+            raises, sig_notes = verify_budget_baggage(baggage, task_id, self.hmac_key, now_ms / 1000)
             notes.extend(sig_notes)
         limits, lim_notes = bm.effective_limits(self.cfg.profiles[profile], baggage, raises)
         return bm.to_units(limits), notes + lim_notes
@@ -328,7 +309,7 @@ class BudgetStage:
         try:
             async with asyncio.timeout(self.timeout):
                 ledger = await self.store.settle(ex.task.id, ticket.reservation, actual, self._wall_ms())
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the response is sent; record, never fail
             if ex.span is not None:
                 ex.span.set_attribute(sc.DEGRADED, True)
                 ex.span.add_event(sc.EVENT_DEGRADED, {"reason": f"settle failed: {type(exc).__name__}"})

@@ -13,7 +13,6 @@ import httpx
 import openai
 import orjson
 import pytest
-
 from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
 from ragtoll.instrumentation import semconv as sc
 
@@ -405,3 +404,40 @@ def test_classifier_picks_the_profile_from_the_tasks_first_query(proxy: ProxyFac
     assert (spans[0].attributes[sc.QUERY_CLASS], spans[0].attributes[sc.PROFILE_SOURCE]) == ("simple_fact", "classifier")
     assert spans[0].attributes[sc.QUERY_CLASS_REASON]
     assert spans[2].attributes[sc.QUERY_CLASS] == "investigative" and spans[2].attributes[sc.PROFILE] == "wide"
+
+
+HMAC_KEY = b"operator-hmac-key-0123456789abcdef"
+
+
+def test_signed_baggage_raises_a_limit_until_it_expires(proxy: ProxyFactory, upstream: Upstream,
+                                                        telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ragtoll.proxy.signing import sign_budget
+
+    monkeypatch.setenv("RAGTOLL_BUDGET_HMAC_KEY", HMAC_KEY.decode())
+    signed, expired, tampered, wrong_task = task(), task(), task(), task()
+    good = sign_budget(signed, {"max_steps": 4}, HMAC_KEY, time.time() + 300)
+    old = sign_budget(expired, {"max_steps": 4}, HMAC_KEY, time.time() - 1)
+    forged = sign_budget(tampered, {"max_steps": 4}, HMAC_KEY, time.time() + 300).replace("max_steps=4", "max_steps=9")
+    other = sign_budget("someone-else", {"max_steps": 4}, HMAC_KEY, time.time() + 300)
+    with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_steps=2)) as base, httpx.Client() as http:
+        def run(t: str, baggage: str) -> list[int]:
+            return [chat(http, base, t, {"baggage": baggage}).status_code for _ in range(5)]
+
+        assert run(signed, good) == [200, 200, 200, 200, 429]
+        assert run(expired, old) == [200, 200, 429, 429, 429]
+        assert run(tampered, forged) == [200, 200, 429, 429, 429]
+        assert run(wrong_task, other) == [200, 200, 429, 429, 429]
+    notes = [n for s in call_spans(telemetry, "chat") for n in (s.attributes.get(sc.BUDGET_NOTES) or ())]
+    assert any("expired" in n for n in notes) and any("bad signature" in n for n in notes)
+
+
+def test_signed_raise_without_a_key_is_ignored(proxy: ProxyFactory, upstream: Upstream,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from ragtoll.proxy.signing import sign_budget
+
+    monkeypatch.delenv("RAGTOLL_BUDGET_HMAC_KEY", raising=False)
+    t = task()
+    baggage = sign_budget(t, {"max_steps": 4}, HMAC_KEY, time.time() + 300)
+    with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_steps=1)) as base, httpx.Client() as http:
+        codes = [chat(http, base, t, {"baggage": baggage}).status_code for _ in range(2)]
+    assert codes == [200, 429]

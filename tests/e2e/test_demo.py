@@ -16,7 +16,9 @@ from support.servers import serve_in_thread
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[runner.DemoResult, str, pathlib.Path, OtlpReceiver]:
+def demo(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[runner.DemoResult, str, pathlib.Path, OtlpReceiver]:
     records = tmp_path_factory.mktemp("demo") / "records"
     receiver = OtlpReceiver()
     stop = threading.Event()
@@ -24,7 +26,9 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[runner.DemoResult, s
     out = io.StringIO()
     with serve_in_thread(receiver) as otlp:
         env = {"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_METRICS_EXPORTER": "none"}
-        result = runner.run_demo(quick=True, keep_running=True, records=str(records), env=env, out=out, stop=stop)
+        result = runner.run_demo(
+            quick=True, keep_running=True, records=str(records), env=env, out=out, stop=stop
+        )
     return result, out.getvalue(), records, receiver
 
 
@@ -78,8 +82,9 @@ def test_no_chunk_reaches_a_principal_without_access(demo: tuple) -> None:
 def test_audit_flags_a_chunk_outside_the_principals_groups() -> None:
     chunks = corpus.load_corpus()
     staff = next(c for c in chunks if c.groups == ("staff",))
-    checked, bad = scoring.audit_acl([("t1", "bob", [staff.id, "no-such-chunk"]), ("t2", "alice", [staff.id])],
-                                     chunks)
+    checked, bad = scoring.audit_acl(
+        [("t1", "bob", [staff.id, "no-such-chunk"]), ("t2", "alice", [staff.id])], chunks
+    )
     assert checked == 3 and [(b.task, b.chunk) for b in bad] == [("t1", staff.id), ("t1", "no-such-chunk")]
 
 
@@ -94,10 +99,18 @@ def test_judge_uses_gold_answers() -> None:
 def test_traces_reach_the_otlp_endpoint_one_trace_per_task(demo: tuple) -> None:
     result, _, _, receiver = demo
     task_id = result.enforced.runs[0].task_id
-    agent = [s for s in receiver.spans if s["attributes"].get("ragtoll.task.id") == task_id
-             and s["resource"].get("service.name") == "ragtoll-demo-agent"]
+    agent = [
+        s
+        for s in receiver.spans
+        if s["attributes"].get("ragtoll.task.id") == task_id
+        and s["resource"].get("service.name") == "ragtoll-demo-agent"
+    ]
     assert len(agent) == 1
-    proxied = [s for s in receiver.spans if s["trace_id"] == agent[0]["trace_id"] and s["resource"].get("service.name") == "ragtoll"]
+    proxied = [
+        s
+        for s in receiver.spans
+        if s["trace_id"] == agent[0]["trace_id"] and s["resource"].get("service.name") == "ragtoll"
+    ]
     assert len(proxied) >= 3  # the LLM, retrieval and rerank calls of that task, under the agent's trace
 
 

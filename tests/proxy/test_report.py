@@ -69,7 +69,9 @@ def test_formats_json_csv_table_agree(records: list[dict[str, object]]) -> None:
         report.format_rows(rows, "xml")
 
 
-def test_recommend_takes_the_percentile_of_correct_tasks_with_headroom(records: list[dict[str, object]]) -> None:
+def test_recommend_takes_the_percentile_of_correct_tasks_with_headroom(
+    records: list[dict[str, object]],
+) -> None:
     advice = {a.profile: a for a in report.recommend(records, 95, 1.2)}
     tight = advice["tight"]
     assert (tight.tasks, tight.basis, tight.basis_label) == (6, 3, "correct")
@@ -156,35 +158,51 @@ def test_report_and_recommend_from_redis_stream(redis_url: str, capsys: pytest.C
     assert "max_retrieval_calls" in capsys.readouterr().out
 
 
-def test_shadow_records_say_how_many_tasks_a_limit_would_have_stopped(records: list[dict[str, object]]) -> None:
+def test_shadow_records_say_how_many_tasks_a_limit_would_have_stopped(
+    records: list[dict[str, object]],
+) -> None:
     assert report.overall(records).would_exhaust_rate is None  # the fixture predates would_reject
-    shadow = [dict(r, exhausted=None, would_reject={"max_steps": 1} if r["task_id"] in ("t5", "b4") else {})
-              for r in records]
+    shadow = [
+        dict(r, exhausted=None, would_reject={"max_steps": 1} if r["task_id"] in ("t5", "b4") else {})
+        for r in records
+    ]
     row = report.overall(shadow)
     assert row.exhaustion_rate == 0 and row.would_exhaust_rate == pytest.approx(0.2)
     assert "would exhaust" in report.format_rows([row]).splitlines()[0]
 
 
-def test_report_reads_the_stream_ragtoll_writes(proxy: ProxyFactory, redis_url: str, tmp_path: pathlib.Path,
-                                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_reads_the_stream_ragtoll_writes(
+    proxy: ProxyFactory, redis_url: str, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     import httpx
     import openai
 
     token = tmp_path / "token"
     token.write_text("admin-secret")
     stream = f"ragtoll:test-report:{tmp_path.name}"
-    with proxy(store=redis_url, admin={"token_file": str(token)},
-               budgets={"records_stream": stream, "default_profile": "p", "profiles": {"p": {"max_steps": 5}}}) as base:
+    with proxy(
+        store=redis_url,
+        admin={"token_file": str(token)},
+        budgets={"records_stream": stream, "default_profile": "p", "profiles": {"p": {"max_steps": 5}}},
+    ) as base:
         client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key="sk-test", max_retries=0)
         for task, correct in (("task-a", True), ("task-b", False)):
-            client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}],
-                                           extra_headers={"x-ragtoll-task-id": task})
-            resp = httpx.post(f"{base}/admin/tasks/{task}/end", json={"correct": correct},
-                              headers={"authorization": "Bearer admin-secret"})
+            client.chat.completions.create(
+                model="gpt-4o-mini",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"x-ragtoll-task-id": task},
+            )
+            resp = httpx.post(
+                f"{base}/admin/tasks/{task}/end",
+                json={"correct": correct},
+                headers={"authorization": "Bearer admin-secret"},
+            )
             assert resp.status_code == 200
     records = report.read_stream(redis_url, stream)
-    assert sorted((r["task_id"], r["outcome"]["correct"], r["steps"]) for r in records) == \
-        [("task-a", True, 1), ("task-b", False, 1)]
+    assert sorted((r["task_id"], r["outcome"]["correct"], r["steps"]) for r in records) == [
+        ("task-a", True, 1),
+        ("task-b", False, 1),
+    ]
     assert main(["report", "--redis-url", redis_url, "--stream", stream, "--format", "json"]) == 0
     (row, _all) = orjson.loads(capsys.readouterr().out)
     assert (row["group"], row["tasks"], row["correct"], row["accuracy"]) == ("p", 2, 1, 0.5)

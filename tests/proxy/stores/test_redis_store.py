@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 import redis
 import redis.asyncio as aioredis
-
 from ragtoll.proxy.budget import Actual, Charge
 from ragtoll.proxy.stores.base import TaskMeta
 from ragtoll.proxy.stores.redis import RedisStore, task_keys
@@ -18,7 +17,7 @@ META = TaskMeta("bounded")
 class CountingConnection(aioredis.Connection):
     """Counts commands written to the socket: one per client round trip (no pipelining here)."""
 
-    sent: list[bytes] = []
+    sent: ClassVar[list[bytes]] = []
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         packed = command if isinstance(command, bytes) else b"".join(command)

@@ -1,18 +1,50 @@
-"""The store contract, run unchanged against memory, Redis and Redis Cluster (see conftest.py)."""
+"""The store contract, run unchanged against memory, a real Redis and a real 3-master Redis Cluster.
+
+(Fixtures live here, not in a conftest.py: a second `conftest` module would shadow the top-level
+one that other tests import from.)
+"""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator, Iterator
 
+import pytest
 from ragtoll.proxy import budget as bm
 from ragtoll.proxy.budget import Actual, Charge
 from ragtoll.proxy.stores.base import Store, TaskMeta
+from ragtoll.proxy.stores.memory import MemoryStore
+from ragtoll.proxy.stores.redis import RedisStore
+from support.budget_cluster import start_budget_cluster
+from support.redis_server import stop_all
 
 META = TaskMeta("bounded", "simple_fact", "openai")
 LLM = Charge(steps=1, context_tokens=100, prompt_tokens=100, completion_reserve=50, cost_certain=1_000,
              cost_reserve=5_000)
 T0 = 1_700_000_000_000
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    nodes = start_budget_cluster(3)
+    try:
+        yield f"redis+cluster://127.0.0.1:{nodes[0].port}"
+    finally:
+        stop_all(nodes)
+
+
+@pytest.fixture(params=["memory", "redis", "cluster"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
+    if request.param == "memory":
+        yield MemoryStore()
+        return
+    url = request.getfixturevalue("redis_url" if request.param == "redis" else "redis_cluster_url")
+    s = RedisStore(url, timeout_s=2.0, ttl_s=3600)
+    try:
+        yield s
+    finally:
+        await s.aclose()
 
 
 def tid() -> str:

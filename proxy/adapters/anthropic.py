@@ -106,6 +106,8 @@ def usage(u: Any, prev: Usage | None = None) -> Usage | None:
     else:
         total = (fresh or 0) + (read or 0) + (write or 0)
         cached = read if read is not None else (prev.cached_input_tokens if prev else None)
+        if prev is not None and prev.input_tokens is not None and total < prev.input_tokens:
+            total = prev.input_tokens  # counts are cumulative: a later event naming fewer parts is not less
     out = as_int(u.get("output_tokens"))
     return Usage(input_tokens=total, output_tokens=out if out is not None else (prev.output_tokens if prev else None),
                  cached_input_tokens=cached, reasoning_tokens=None)

@@ -55,3 +55,15 @@ def test_other_endpoints_and_malformed_bodies() -> None:
     assert bad.operation == "chat" and bad.parse_error is not None
     odd = parse(ad, "/v1/messages", {"model": "claude-3-5-haiku", "system": 5, "messages": [1, {"content": 2}]})
     assert odd.model == "claude-3-5-haiku" and odd.parse_error is None
+
+
+def test_message_delta_with_partial_input_usage_keeps_the_start_totals() -> None:
+    ad = adapter("anthropic")
+    call = parse(ad, "/v1/messages", {"model": "claude-haiku-4-5", "max_tokens": 5, "stream": True, "messages": []})
+    body = (b'event: message_start\ndata: {"type":"message_start","message":{"model":"claude-haiku-4-5",'
+            b'"usage":{"input_tokens":20,"cache_read_input_tokens":100,"output_tokens":1}}}\n\n'
+            b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"max_tokens"},'
+            b'"usage":{"input_tokens":20,"output_tokens":5}}\n\n')
+    obs = observe(ad, call, body, "text/event-stream")
+    assert obs.usage == Usage(input_tokens=120, output_tokens=5, cached_input_tokens=100)
+    assert obs.finish_reasons == ["max_tokens"]

@@ -340,6 +340,10 @@ def _check_adapter(where: str, up: UpstreamConfig) -> None:
 
     if up.api not in ADAPTERS:
         _bad(f"{where}.api", up.api, f"one of the adapters: {', '.join(sorted(ADAPTERS))}")
+    keys = getattr(ADAPTERS[up.api], "field_keys", None)  # adapters driven by `fields:` paths say which
+    if keys is not None:
+        for key in sorted(set(up.fields) - keys):
+            _bad(f"{where}.fields.{key}", up.fields[key], f"a field of {up.api}: one of {', '.join(sorted(keys))}")
 
 
 def _bad(key: str, value: Any, valid: str) -> typing.NoReturn:

@@ -26,6 +26,7 @@ class JsonRetrievalAdapter:
     name = "json"
     error_style = "plain"
     reads_body = True
+    field_keys: ClassVar[frozenset[str]] = FIELD_KEYS  # config validation rejects other `fields:` keys
     defaults: ClassVar[Mapping[str, str]] = {"query": "query", "vector": "vector", "filters": "filter", "top_k": "top_k",
                                    "results": "results", "id": "id", "text": "text", "score": "score",
                                    "source": "source"}

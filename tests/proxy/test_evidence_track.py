@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import http_sfv
 import orjson
-
 from ragtoll.proxy import tokens
 from ragtoll.proxy.evidence_track import (
-    chunk_key, evidence_header, evidence_pieces, fingerprint, measure_prompt, new_chunks,
+    chunk_key,
+    evidence_header,
+    evidence_pieces,
+    fingerprint,
+    measure_prompt,
+    new_chunks,
 )
 from ragtoll.proxy.model import Chunk
 

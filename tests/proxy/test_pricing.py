@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from ragtoll.proxy import config
 from ragtoll.proxy.model import Call, Observation, Usage
 from ragtoll.proxy.pricing import Cost, Prices, load_default_table

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from ragtoll.proxy.adapters import ADAPTERS
 from ragtoll.proxy.config import UpstreamConfig
 from ragtoll.proxy.model import Call, Observation

@@ -65,6 +65,7 @@ COST_USD = "ragtoll.cost.usd"
 COST_ESTIMATED = "ragtoll.cost.estimated"
 PROMPT_TOKENS_ESTIMATE = "ragtoll.usage.input_tokens.estimate"
 PROMPT_TOKENS_ESTIMATED = "ragtoll.usage.input_tokens.estimated"
+PROMPT_TOKENS_DELTA = "ragtoll.usage.input_tokens.estimate_error"  # upstream count minus ragtoll's estimate
 CACHE_RESULT = "ragtoll.cache.result"
 CACHE_HIT = "ragtoll.cache.hit"
 CACHE_TIER = "ragtoll.cache.tier"

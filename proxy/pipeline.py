@@ -95,6 +95,13 @@ class ChunkHook(Protocol):
     def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None: ...
 
 
+class ResponseHook(Protocol):
+    """Optional stage capability: runs after a small non-streamed retrieval response was read whole
+    and observed, before its headers are sent; may append to `ex.response_headers`."""
+
+    async def on_response(self, ex: Exchange) -> None: ...
+
+
 class ClientDisconnected(Exception):
     pass
 
@@ -116,6 +123,7 @@ class Pipeline:
         self.identifier = identifier
         self.tracer = tracer
         self._chunk_hooks = [s for s in stages if hasattr(s, "on_chunk")]
+        self._response_hooks = [s for s in stages if hasattr(s, "on_response")]
         self._max_body = settings.server.max_body_bytes
 
     async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
@@ -261,6 +269,9 @@ class Pipeline:
             if decoder is None:
                 ex.observation.parse_error = f"content-encoding {response.headers.get('content-encoding')!r} not read"
             headers = [(k, v) for k, v in response.raw_headers if k.lower() not in HOP_BY_HOP]
+            if decoder is not None and self._should_buffer(ex, response):
+                await self._send_buffered(ex, response, observer, decoder, headers, send)
+                return
             await send({"type": "http.response.start", "status": response.status,
                         "headers": headers + ex.response_headers})
             cut: bytes | None = None
@@ -287,6 +298,32 @@ class Pipeline:
         finally:
             ex.upstream_seconds = time.perf_counter() - t0
             await response.aclose()
+
+
+    def _should_buffer(self, ex: Exchange, response: UpstreamResponse) -> bool:
+        # Small non-streamed retrieval answers are read whole before headers go out, so stages
+        # can add headers that depend on the result (x-ragtoll-evidence). Streams never wait.
+        if not self._response_hooks or ex.call.operation != "retrieval" or response.status != 200:
+            return False
+        if "text/event-stream" in response.headers.get("content-type", ""):
+            return False
+        length = response.headers.get("content-length")
+        return length is not None and length.isdigit() and int(length) <= MAX_PARSE_BYTES
+
+    async def _send_buffered(self, ex: Exchange, response: UpstreamResponse, observer: Observer,
+                             decoder: Callable[[bytes], bytes], headers: list[tuple[bytes, bytes]], send: Send) -> None:
+        parts = [chunk async for chunk in response.chunks()]
+        raw = b"".join(parts)
+        observer.feed(decoder(raw), True)
+        for hook in self._response_hooks:
+            try:
+                await hook.on_response(ex)  # type: ignore[attr-defined]
+            except Exception as exc:  # failsafe: a header hook never fails the call
+                ex.span.record_exception(exc)
+        ex.state["complete"] = True
+        ex.bytes_out = len(raw)
+        await send({"type": "http.response.start", "status": response.status, "headers": headers + ex.response_headers})
+        await send({"type": "http.response.body", "body": raw, "more_body": False})
 
 
 def _parent_context(task: TaskRef, headers: dict[str, str]) -> SpanContext:

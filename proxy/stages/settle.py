@@ -43,6 +43,9 @@ class SettleStage:
         if obs.finish_reasons:
             attrs[sc.GEN_AI_RESPONSE_FINISH_REASONS] = obs.finish_reasons
         u = obs.usage
+        if u is not None and isinstance(u.input_tokens, int) and call.prompt_tokens is not None:
+            # the upstream's count wins; the gap shows how far the offline estimate was off
+            attrs[sc.PROMPT_TOKENS_DELTA] = u.input_tokens - call.prompt_tokens
         if u is not None:
             for key, value in (
                 (sc.GEN_AI_USAGE_INPUT_TOKENS, u.input_tokens),

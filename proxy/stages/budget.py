@@ -87,12 +87,12 @@ class BudgetStage:
         try:
             async with asyncio.timeout(self.timeout):
                 limits, notes = self._limits(sel.profile, baggage, task_id, now)
-                decision = await self._reserve(task_id, sel, limits, charge, now)
+                decision = await self._reserve(task_id, sel, limits, charge, now, ex.route.upstream.name)
                 if decision.profile_conflict:  # another replica chose first: the task keeps its profile
                     sel = Selection(decision.profile_conflict, "task")
                     self._remember(task_id, sel)
                     limits, notes = self._limits(sel.profile, baggage, task_id, now)
-                    decision = await self._reserve(task_id, sel, limits, charge, now)
+                    decision = await self._reserve(task_id, sel, limits, charge, now, ex.route.upstream.name)
         except Exception as exc:  # noqa: BLE001 - any store failure: open or closed, never hang
             return self._store_failed(ex, exc, hit)
         if decision.profile_conflict:
@@ -138,8 +138,8 @@ class BudgetStage:
         return mode == "shadow"
 
     async def _reserve(self, task_id: str, sel: Selection, limits: dict[str, int], charge: Charge,
-                       now: int) -> Decision:
-        meta = TaskMeta(sel.profile, sel.cls, "")
+                       now: int, route: str) -> Decision:
+        meta = TaskMeta(sel.profile, sel.cls, route)
         return await self.store.reserve(task_id, meta, limits, charge, now, self._shadow(sel.profile))
 
     def _charge(self, ex: Exchange, cache_hit: bool) -> Charge:

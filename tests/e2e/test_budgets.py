@@ -57,11 +57,13 @@ def call_spans(telemetry: Telemetry, prefix: str) -> list[Any]:
 
 
 def test_openai_sdk_sees_one_budget_error_and_the_upstream_no_retry(proxy: ProxyFactory, upstream: Upstream,
-                                                                     telemetry: Telemetry) -> None:
+                                                                     telemetry: Telemetry,
+                                                                     request: pytest.FixtureRequest) -> None:
     t = task()
     with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_steps=2)) as base:
         client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key="sk-test", max_retries=3,
                                default_headers={"x-ragtoll-task-id": t})
+        request.addfinalizer(client.close)
         for _ in range(2):
             client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}])
         with pytest.raises(openai.RateLimitError) as info:
@@ -94,11 +96,13 @@ def test_reject_status_is_configurable(proxy: ProxyFactory, upstream: Upstream) 
     assert upstream.app.state.calls[CHAT] == 0
 
 
-def test_anthropic_sdk_gets_an_anthropic_shaped_error(proxy: ProxyFactory, upstream: Upstream) -> None:
+def test_anthropic_sdk_gets_an_anthropic_shaped_error(proxy: ProxyFactory, upstream: Upstream,
+                                                      request: pytest.FixtureRequest) -> None:
     t = task()
     with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_steps=0)) as base:
         client = anthropic.Anthropic(base_url=f"{base}/anthropic", api_key="k", max_retries=3,
                                      default_headers={"x-ragtoll-task-id": t})
+        request.addfinalizer(client.close)
         with pytest.raises(anthropic.RateLimitError) as info:
             client.messages.create(model="claude-test-model", max_tokens=100,
                                    messages=[{"role": "user", "content": "hi"}])
@@ -137,9 +141,10 @@ def test_every_response_carries_remaining_and_a_warning_past_the_fraction(
 
 
 def test_shadow_mode_rejects_nothing_and_records_everything(proxy: ProxyFactory, upstream: Upstream,
-                                                            telemetry: Telemetry) -> None:
+                                                            telemetry: Telemetry, tmp_path: Any) -> None:
     t = task()
-    with proxy(upstreams=upstreams(upstream.url), budgets={**budgets(max_steps=1), "mode": "shadow"}) as base, \
+    cfg = {**budgets(max_steps=1), "mode": "shadow", "records_file": str(tmp_path / "r.jsonl")}
+    with proxy(upstreams=upstreams(upstream.url), budgets=cfg) as base, \
             httpx.Client() as http:
         rs = [chat(http, base, t) for _ in range(3)]
         ended = _admin_end(http, base, t)
@@ -207,11 +212,13 @@ def test_unique_queries_and_stalled_retrievals(proxy: ProxyFactory, upstream: Up
 
 
 def test_stream_is_cut_cleanly_when_completion_tokens_run_out(proxy: ProxyFactory, upstream: Upstream,
-                                                              telemetry: Telemetry) -> None:
+                                                              telemetry: Telemetry,
+                                                              request: pytest.FixtureRequest) -> None:
     t = task()
     with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_completion_tokens=2)) as base:
         client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key="sk-test", max_retries=0,
                                default_headers={"x-ragtoll-task-id": t, "x-test-delay": "0.05"})
+        request.addfinalizer(client.close)
         stream = client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}],
                                                 stream=True)
         chunks = list(stream)
@@ -360,6 +367,7 @@ def test_admin_ledger_and_end_with_outcome_writes_one_record(proxy: ProxyFactory
     assert record["context_tokens"] == 24 and 0 < record["cost_usd"] < 0.01
     assert record["rejections"] == {"max_steps": 1} and record["exhausted"] == "max_steps"
     assert record["outcome"] == {"correct": True} and record["end_reason"] == "explicit"
+    assert record["route"] == "openai" and record["class"] is None  # the first call's route; no classifier
     lines = records.read_bytes().splitlines()
     assert [orjson.loads(x) for x in lines] == [record]
 

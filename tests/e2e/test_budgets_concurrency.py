@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-
 from conftest import Upstream
 from support.budget_cluster import start_budget_cluster
 from support.redis_server import stop_all

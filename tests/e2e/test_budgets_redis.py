@@ -9,7 +9,6 @@ import httpx
 import orjson
 import pytest
 import redis
-
 from conftest import ProxyFactory, Telemetry, Upstream
 from ragtoll.instrumentation import semconv as sc
 from support.redis_server import start_redis, stop_all

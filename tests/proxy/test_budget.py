@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http_sfv
 import pytest
-
 from ragtoll.proxy import budget as bm
 from ragtoll.proxy.budget import Charge, Ledger
 from ragtoll.proxy.config import BudgetsConfig, Profile, ProfileRule

@@ -36,7 +36,7 @@ TRACER_NAME = "ragtoll.proxy"
 def build_stages(settings: Settings, store: Store | None = None, meter: Any = None) -> list[Stage]:
     """The ordered stage list (DESIGN.md): evidence cache, then budget, then settle."""
     stages: list[Stage] = []
-    if store is not None:
+    if store is not None and settings.budgets.enabled:
         stages.append(BudgetStage(settings, store, meter=meter))
     stages.append(SettleStage(settings))
     return stages

@@ -129,6 +129,7 @@ class ProfileRule:
 
 @dataclass(frozen=True)
 class BudgetsConfig:
+    enabled: bool = True  # false: no budget stage at all (tracing-only proxy; the benchmark's baseline)
     mode: Literal["enforce", "shadow"] = "enforce"
     default_profile: str = "bounded"
     classes: dict[str, str] = field(default_factory=dict)

@@ -37,7 +37,7 @@ NUMBER_WORDS = {
     "thirty": "30", "forty": "40", "fifty": "50", "sixty": "60", "seventy": "70", "eighty": "80", "ninety": "90",
     "hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000", "dozen": "12",
     "first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th", "fifth": "5th", "half": "0.5",
-    "single": "1", "double": "2x", "twice": "2x", "triple": "3x", "quarter": "0.25",
+    "single": "1", "double": "2x", "twice": "2x", "triple": "3x",
 }
 ORDINAL_SUFFIXES = frozenset({"st", "nd", "rd", "th"})
 
@@ -62,7 +62,7 @@ DATES = {
     **_spread({
         "annual annually yearly year-long 12-month twelve-month": "period:year",
         "monthly month-to-month": "period:month", "weekly": "period:week", "daily everyday": "period:day",
-        "quarterly": "period:quarter", "hourly": "period:hour", "biweekly fortnightly": "period:2week",
+        "quarterly": "period:quarter", "quarter quarters": "quarter", "hourly": "period:hour", "biweekly fortnightly": "period:2week",
         "semiannual semi-annual biannual": "period:halfyear", "lifetime perpetual": "period:lifetime",
         "today tonight": "day:0", "yesterday": "day:-1", "tomorrow": "day:+1",
         "weekend weekends": "weekend", "weekday weekdays business-day": "weekday",
@@ -173,3 +173,6 @@ checking savings credit debit
 
 PERIOD_UNITS = {"hour": "period:hour", "day": "period:day", "week": "period:week", "month": "period:month",
                 "year": "period:year"}
+
+# Canonical forms of common words: capitalised ("PTO", "Refund") they are still not names.
+SYNONYM_TARGETS = frozenset(SYNONYMS.values()) - GAZETTEER

@@ -69,9 +69,9 @@ class PrincipalResolver:
                               "Expected one family.", key="identity.jwt.algorithms")
         if algs & SYMMETRIC:
             secret = env.get(config.jwt.secret_env, "")
-            if len(secret) < 16:
+            if len(secret.encode()) < 32:  # RFC 7518 3.2: at least the hash size
                 raise ConfigError(f"Config 'identity.jwt.secret_env' names {config.jwt.secret_env}, which must hold "
-                                  "a secret of at least 16 characters.", key="identity.jwt.secret_env")
+                                  "a secret of at least 32 bytes.", key="identity.jwt.secret_env")
             self._secret = secret
         else:
             if not config.jwt.jwks_file:

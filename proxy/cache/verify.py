@@ -126,6 +126,8 @@ def features(text: str, vocab: Iterable[str] = ()) -> Features:
             unit = lx.UNITS.get(c) or lx.UNITS[low]
             if prev_lower in ("per", "a", "an", "each", "every") and unit in lx.PERIOD_UNITS:
                 dates.add(lx.PERIOD_UNITS[unit])  # "per month" is "monthly"
+            elif prev_lower in lx.DATE_QUALIFIERS and unit in lx.PERIOD_UNITS:
+                dates.add(_qualified_date(prev_lower, unit))  # "last month" != "this month"
             else:
                 units.add(unit)
             prev_lower = low
@@ -147,7 +149,7 @@ def features(text: str, vocab: Iterable[str] = ()) -> Features:
         if role:
             roles.append((c, role))
             role = None
-        if (c in lx.GAZETTEER or c in vocab_set or _looks_like_name(tok, i, raw_tokens)):
+        if c in lx.GAZETTEER or c in vocab_set or (c not in lx.SYNONYM_TARGETS and _looks_like_name(tok, i, raw_tokens)):
             entities.add(c)
     return Features(quoted, frozenset(numbers), frozenset(units), frozenset(dates), negated,
                     frozenset(directions), tuple(sorted(set(roles))), frozenset(entities), frozenset(content))

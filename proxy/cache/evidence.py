@@ -22,7 +22,8 @@ from .embedders import Embedder, NoEmbedder
 from .entry import Entry, EvidenceStore
 from .partition import Partition, canonical_filters, exact_key, filter_words, normalize_query, serves_top_k
 from .principal import Principal
-from .verify import INTENT_FLOOR, Features, Signature, content_overlap, features, signature, verify
+from .lexical import LexicalIndex
+from .verify import features, verify
 from .versions import Versions
 
 MAX_VOCAB = 2_000  # filter-like words remembered per partition
@@ -79,7 +80,7 @@ class EvidenceCache:
         # its miss skips the embedding (computed after the response, for filing). Off for shared
         # stores, whose entries other replicas wrote are not in this index.
         self.prefilter = prefilter and verify_candidates
-        self._lex: OrderedDict[str, dict[Signature, dict[str, tuple[str, frozenset[str]]]]] = OrderedDict()
+        self._lex = LexicalIndex()
 
     async def partition(self, q: Query) -> Partition:
         version = await self.versions.current(q.route)
@@ -112,9 +113,11 @@ class EvidenceCache:
             return
         vocab = self._partition_vocab(pkey) | filter_words(q.filters)
         mine = features(lk.norm, vocab)
-        if self.prefilter and not self._lexical_candidate(pkey, mine, vocab):
-            lk.reason = "verify:prefilter" if lk.reason == "none" else lk.reason
-            return
+        if self.prefilter:
+            possible, why = self._lex.candidate(pkey, mine, vocab)
+            if not possible:
+                lk.reason = why if lk.reason == "none" else lk.reason
+                return
         lk.vector = await self.embedder.embed(lk.norm)
         if lk.vector is None:
             return
@@ -167,25 +170,8 @@ class EvidenceCache:
         await self.store.put(part.key, lk.qkey, entry, vector, self.ttl_s)
         self._learn(part.key, words)
         if self.prefilter and vector is not None:
-            f = features(lk.norm)
-            index = self._lex.get(part.key)
-            if index is None:
-                index = self._lex[part.key] = {}
-                while len(self._lex) > 10_000:
-                    self._lex.popitem(last=False)
-            index.setdefault(signature(f), {})[lk.qkey] = (lk.norm, f.content)
+            self._lex.add(part.key, lk.qkey, lk.norm, features(lk.norm).content)
         return part
-
-    def _lexical_candidate(self, pkey: str, mine: Features, vocab: set[str]) -> bool:
-        """Is there an entry this query could be served from, similarity aside?"""
-        same = self._lex.get(pkey, {}).get(signature(mine))
-        if not same:
-            return False
-        for norm, content in same.values():
-            if content_overlap(mine.content, content) >= INTENT_FLOOR and \
-                    verify(mine, features(norm, vocab), 1.0, vocab) is None:
-                return True
-        return False
 
     def _learn(self, pkey: str, words: Sequence[str]) -> None:
         known = self._vocab.get(pkey)

@@ -1,0 +1,128 @@
+"""EvidenceCache flows with the real local embedder: tiers, top_k, verification, ACL, versions, audit."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from ragtoll.proxy.cache.audit import Auditor, compare
+from ragtoll.proxy.cache.embedders import CachedEmbedder, LocalEmbedder, LocalModel, NoEmbedder
+from ragtoll.proxy.cache.evidence import EvidenceCache, Query
+from ragtoll.proxy.cache.principal import Principal
+from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
+
+ALICE = Principal("alice", frozenset({"staff"}))
+
+
+@pytest.fixture(scope="module")
+def model() -> LocalModel:
+    return LocalModel.shared()
+
+
+def make(model: LocalModel | None, **kw: object) -> EvidenceCache:
+    emb = CachedEmbedder(LocalEmbedder(model)) if model else NoEmbedder()
+    return EvidenceCache(MemoryEvidenceStore(), embedder=emb, **kw)  # type: ignore[arg-type]
+
+
+async def fill(cache: EvidenceCache, text: str, ids: list[str], top_k: int = 5, who: Principal = ALICE,
+               acl: tuple[str, ...] | None = ("staff",), filters: object = None, version: str | None = None) -> None:
+    lk = await cache.lookup(Query("docs", text, filters, top_k, who))
+    assert not lk.hit
+    await cache.store_evidence(lk, chunk_ids=ids, acls=[acl] * len(ids), body=b'{"results": []}',
+                               vocab=["annual", "monthly", "pro"], version=version)
+
+
+async def ask(cache: EvidenceCache, text: str, top_k: int = 5, who: Principal = ALICE, filters: object = None):  # type: ignore[no-untyped-def]
+    return await cache.lookup(Query("docs", text, filters, top_k, who))
+
+
+def test_local_model_is_deterministic_and_normalised(model: LocalModel) -> None:
+    a, b = model.encode("refund window for annual plans"), model.encode("refund window for annual plans")
+    assert a.shape == (384,) and a.dtype == np.float32
+    assert np.allclose(a, b) and abs(float(np.linalg.norm(a)) - 1) < 1e-5
+    assert float(a @ model.encode("refund window for yearly plans")) > float(a @ model.encode("reset my password"))
+
+
+async def test_exact_tier_with_embedder_none() -> None:
+    cache = make(None)
+    await fill(cache, "Refund window for annual plans?", ["a", "b"])
+    lk = await ask(cache, "refund   window for ANNUAL plans")
+    assert lk.hit and lk.tier == "exact" and lk.entry is not None and lk.entry.chunk_ids == ("a", "b")
+    assert not (await ask(cache, "refund window for yearly plans")).hit  # no semantic tier without an embedder
+
+
+async def test_top_k_rule_and_filters_partition() -> None:
+    cache = make(None)
+    await fill(cache, "q", ["a", "b", "c"], top_k=3, filters={"plan": "pro"})
+    assert (await ask(cache, "q", top_k=2, filters={"plan": "pro"})).hit
+    assert (await ask(cache, "q", top_k=5, filters={"plan": "pro"})).reason == "top_k"
+    assert not (await ask(cache, "q", top_k=2, filters={"plan": "free"})).hit
+    assert not (await ask(cache, "q", top_k=2)).hit
+
+
+async def test_semantic_hit_is_verified(model: LocalModel) -> None:
+    cache = make(model, similarity=0.85)
+    await fill(cache, "refund window for annual pro plans", ["a", "b"])
+    hit = await ask(cache, "refund window for yearly pro plans")
+    assert hit.hit and hit.tier == "semantic" and hit.similarity is not None and hit.similarity >= 0.85
+    near = await ask(cache, "refund window for monthly pro plans")
+    assert not near.hit and near.reason == "verify:date"
+    other = await ask(cache, "reset my password")
+    assert not other.hit and other.vector is None  # prefilter: nothing could verify, so no embedding on the miss
+
+
+async def test_semantic_hits_are_acl_checked_too(model: LocalModel) -> None:
+    cache = make(model, similarity=0.85)
+    await fill(cache, "refund window for annual pro plans", ["a"], acl=("finance",),
+               who=Principal("fin", frozenset({"finance"})))
+    assert (await ask(cache, "refund window for yearly pro plans", who=Principal("x", frozenset({"finance"})))).hit
+    denied = await ask(cache, "refund window for yearly pro plans", who=Principal("y", frozenset({"eng"})))
+    assert not denied.hit and denied.reason == "acl:denied"
+
+
+async def test_new_version_makes_older_entries_unreachable() -> None:
+    cache = make(None)
+    await fill(cache, "q", ["a"], version="v1")
+    assert (await ask(cache, "q")).hit
+    await cache.versions.set("docs", "v2")
+    lk = await ask(cache, "q")
+    assert not lk.hit and lk.partition.version == "v2"
+    # a response carrying a newer version files its evidence there and moves the route on
+    await cache.store_evidence(lk, chunk_ids=["b"], acls=[("staff",)], body=b"{}", version="v3")
+    assert await cache.versions.current("docs") == "v3"
+    found = await ask(cache, "q")
+    assert found.hit and found.entry is not None and found.entry.chunk_ids == ("b",)
+
+
+async def test_static_source_version_from_config() -> None:
+    from ragtoll.proxy.cache.versions import Versions
+
+    store = MemoryEvidenceStore()
+    versions = Versions(store, {"docs": "2026-11"})
+    assert await versions.current("docs") == "2026-11" and await versions.current("kb") == "0"
+    with pytest.raises(ValueError):
+        await versions.set("docs", "has space")
+
+
+def test_audit_compare_and_threshold_raise() -> None:
+    assert compare(["a", "b", "c"], ["a", "b", "c"], 3).agrees
+    assert not compare(["a", "b", "c"], ["b", "a", "c"], 3).agrees  # top result differs
+    r = compare(["a", "b", "c", "d", "e"], ["a", "b", "c", "d", "x"], 5)
+    assert r.same_top and r.overlap == 0.8 and r.agrees
+    auditor = Auditor(1.0, 0.85, target=0.9, step=0.02, rng=random.Random(1))
+    assert auditor.sample()
+    for _ in range(4):
+        assert auditor.record("s", compare(["a"], ["b"], 1)) is None  # not enough samples yet
+    assert auditor.record("s", compare(["a"], ["b"], 1)) == pytest.approx(0.87)
+    assert auditor.threshold("s") == pytest.approx(0.87) and auditor.threshold("other") == 0.85
+
+
+async def test_raised_threshold_applies_to_the_partition(model: LocalModel) -> None:
+    cache = make(model, similarity=0.85)
+    await fill(cache, "refund window for annual pro plans", ["a"])
+    hit = await ask(cache, "refund window for yearly pro plans")
+    assert hit.hit and hit.similarity is not None
+    cache.auditor._raised[hit.partition.source] = min(0.99, hit.similarity + 0.01)
+    assert not (await ask(cache, "refund window for yearly pro plans")).hit

@@ -1,0 +1,115 @@
+"""The evidence store contract, run against memory and a real Redis; plus each store's own bounds."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+
+from ragtoll.proxy.cache.entry import Entry
+from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
+from ragtoll.proxy.cache.store_redis import RedisEvidenceStore
+
+
+def unit(*xs: float) -> np.ndarray:
+    v = np.asarray(xs, dtype=np.float32)
+    return v / np.linalg.norm(v)
+
+
+def entry(q: str, k: int = 5, body: bytes = b'{"results": []}') -> Entry:
+    return Entry(q, k, ("c1", "c2"), (("public",), None), body, owner="o1", vocab=("pro",), created=1.0)
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[object]:
+    if request.param == "memory":
+        yield MemoryEvidenceStore()
+        return
+    s = RedisEvidenceStore.from_url(request.getfixturevalue("redis_url"), max_partition_entries=50)
+    yield s
+    await s.aclose()
+
+
+def pk() -> str:
+    return uuid.uuid4().hex  # a fresh partition per test: the Redis server is shared
+
+
+async def test_put_get_roundtrip(store: MemoryEvidenceStore) -> None:
+    p = pk()
+    assert await store.get(p, "q1") is None
+    e = entry("refund window", body='{"results": ["é"]}'.encode())
+    await store.put(p, "q1", e, unit(1, 0, 0), 60)
+    assert await store.get(p, "q1") == e
+
+
+async def test_nearest_stays_inside_the_partition_and_orders_by_similarity(store: MemoryEvidenceStore) -> None:
+    p, other = pk(), pk()
+    await store.put(p, "a", entry("a"), unit(1, 0, 0), 60)
+    await store.put(p, "b", entry("b"), unit(1, 1, 0), 60)
+    await store.put(p, "c", entry("c"), unit(0, 0, 1), 60)
+    await store.put(other, "x", entry("x"), unit(1, 0, 0), 60)
+    found = await store.nearest(p, unit(1, 0.1, 0), 0.5, 3)
+    assert [e.query for _, e in found] == ["a", "b"]
+    assert found[0][0] > found[1][0] >= 0.5
+    assert await store.nearest(pk(), unit(1, 0, 0), 0.0, 3) == []
+    assert len(await store.nearest(p, unit(1, 0.1, 0), 0.0, 1)) == 1
+
+
+async def test_versions(store: MemoryEvidenceStore) -> None:
+    name = f"docs-{uuid.uuid4().hex[:6]}"
+    assert await store.get_version(name) is None
+    await store.set_version(name, "v2")
+    assert await store.get_version(name) == "v2"
+
+
+async def test_redis_keys_share_the_partition_hash_tag_and_all_expire(redis_url: str) -> None:
+    store = RedisEvidenceStore.from_url(redis_url, max_partition_entries=3)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        p = pk()
+        for i in range(5):
+            await store.put(p, f"q{i}", entry(f"q{i}"), unit(1, i, 0), 120)
+        await store.set_version("docs-ttl", "v9")
+        keys = [k.decode() async for k in client.scan_iter(match=f"ragtoll:{{c:{p}}}:*")]
+        assert keys and all(k.startswith(f"ragtoll:{{c:{p}}}:") for k in keys)
+        for k in keys + ["ragtoll:{v:docs-ttl}:version"]:
+            assert 0 < await client.ttl(k) <= 30 * 24 * 3600
+        # bounded: the two oldest were trimmed with their vectors
+        assert await client.hlen(f"ragtoll:{{c:{p}}}:v") == 3
+        assert await store.get(p, "q0") is None and await store.get(p, "q4") is not None
+        # an entry that expired before its vector: its vector is dropped on the next scan
+        await client.delete(f"ragtoll:{{c:{p}}}:e:q4")
+        assert [e.query for _, e in await store.nearest(p, unit(1, 4, 0), 0.0, 5)] != []
+        assert await client.hexists(f"ragtoll:{{c:{p}}}:v", "q4") == 0
+    finally:
+        await store.aclose()
+        await client.aclose()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_memory_ttl_and_lru_bounds() -> None:
+    clock = Clock()
+    store = MemoryEvidenceStore(max_entries=3, max_bytes=10_000, clock=clock)
+    for i in range(4):
+        await store.put("p", f"q{i}", entry(f"q{i}"), unit(1, i, 0), 60)
+    assert len(store) == 3 and await store.get("p", "q0") is None  # least recently used evicted
+    await store.get("p", "q1")  # touch: now q2 is the oldest
+    await store.put("p", "q4", entry("q4"), unit(1, 4, 0), 60)
+    assert await store.get("p", "q2") is None and await store.get("p", "q1") is not None
+    clock.now = 61
+    assert await store.get("p", "q1") is None
+    assert await store.nearest("p", unit(1, 1, 0), 0.0, 5) == []  # expired entries are never candidates
+    big = entry("big", body=b"x" * 20_000)
+    await store.put("p", "big", big, None, 60)
+    assert await store.get("p", "big") is None  # larger than the whole budget: not kept
+    assert store.bytes <= 10_000

@@ -3,6 +3,7 @@ mid-stream cuts, the deadline, shadow mode, evidence stalls and the cache-hit ch
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -449,3 +450,58 @@ def test_signed_raise_without_a_key_is_ignored(proxy: ProxyFactory, upstream: Up
     with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_steps=1)) as base, httpx.Client() as http:
         codes = [chat(http, base, t, {"baggage": baggage}).status_code for _ in range(2)]
     assert codes == [200, 429]
+
+
+class AnthropicStreamUpstream:
+    """A Messages API that streams five text deltas, 50 ms apart (the shared fake has no Anthropic stream)."""
+
+    words = ["Hel", "lo", " the", "re", "."]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        while (await receive()).get("more_body"):
+            pass
+
+        def event(name: str, doc: dict[str, Any]) -> bytes:
+            return f"event: {name}\ndata: ".encode() + orjson.dumps(doc) + b"\n\n"
+
+        message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test-model",
+                   "content": [], "stop_reason": None, "stop_sequence": None,
+                   "usage": {"input_tokens": 10, "output_tokens": 1}}
+        events = [event("message_start", {"type": "message_start", "message": message}),
+                  event("content_block_start", {"type": "content_block_start", "index": 0,
+                                                "content_block": {"type": "text", "text": ""}})]
+        events += [event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                 "delta": {"type": "text_delta", "text": w}}) for w in self.words]
+        events += [event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                   event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                                                                               "stop_sequence": None},
+                                           "usage": {"output_tokens": 5}}),
+                   event("message_stop", {"type": "message_stop"})]
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        for e in events:
+            await send({"type": "http.response.body", "body": e, "more_body": True})
+            await asyncio.sleep(0.05)
+        await send({"type": "http.response.body", "body": b""})
+
+
+def test_anthropic_stream_is_cut_with_max_tokens(proxy: ProxyFactory, telemetry: Telemetry,
+                                                 request: pytest.FixtureRequest) -> None:
+    from support.servers import serve_in_thread
+
+    with serve_in_thread(AnthropicStreamUpstream()) as fake:
+        ups = [{"name": "claude", "kind": "llm", "api": "anthropic", "url": fake, "prefix": "/anthropic"}]
+        with proxy(upstreams=ups, budgets=budgets(max_completion_tokens=2)) as base:
+            client = anthropic.Anthropic(base_url=f"{base}/anthropic", api_key="k", max_retries=0,
+                                         default_headers={"x-ragtoll-task-id": task()})
+            request.addfinalizer(client.close)
+            with client.messages.stream(model="claude-test-model", max_tokens=100,
+                                        messages=[{"role": "user", "content": "hi"}]) as stream:
+                final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens"
+    assert "".join(b.text for b in final.content if b.type == "text") == "Hello"
+    assert call_spans(telemetry, "chat")[0].attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"

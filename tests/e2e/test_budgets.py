@@ -455,7 +455,7 @@ def test_signed_raise_without_a_key_is_ignored(proxy: ProxyFactory, upstream: Up
 class AnthropicStreamUpstream:
     """A Messages API that streams five text deltas, 50 ms apart (the shared fake has no Anthropic stream)."""
 
-    words = ["Hel", "lo", " the", "re", "."]
+    words = ("Hel", "lo", " the", "re", ".")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":

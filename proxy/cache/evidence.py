@@ -58,6 +58,10 @@ class Lookup:
         return self.entry is not None
 
 
+def private_key(qkey: str, owner: str) -> str:
+    return f"{qkey}.{owner[:32]}"
+
+
 class EvidenceCache:
     def __init__(self, store: EvidenceStore, *, embedder: Embedder | None = None, versions: Versions | None = None,
                  similarity: float = 0.8, candidates: int = 3, ttl_s: int = 3600, public: str = "public",
@@ -99,16 +103,20 @@ class EvidenceCache:
 
     async def _lookup(self, lk: Lookup) -> None:
         q, pkey = lk.query, lk.partition.key
-        entry = await self.store.get(pkey, lk.qkey)
-        if entry is not None:
+        # shared entries under the query key; entries with an unknown ACL under the owner's own key,
+        # so two principals asking the same thing never evict each other's private evidence
+        for key in (lk.qkey, private_key(lk.qkey, q.principal.key)):
+            entry = await self.store.get(pkey, key)
+            if entry is None:
+                continue
             if not serves_top_k(entry.top_k, q.top_k):
                 lk.reason = "top_k"
-            else:
-                why = await self._allowed(entry, q.principal)
-                if why is None:
-                    lk.entry, lk.tier, lk.similarity = entry, "exact", 1.0
-                    return
-                lk.reason = why
+                continue
+            why = await self._allowed(entry, q.principal)
+            if why is None:
+                lk.entry, lk.tier, lk.similarity = entry, "exact", 1.0
+                return
+            lk.reason = why
         if isinstance(self.embedder, NoEmbedder):
             return
         vocab = self._partition_vocab(pkey) | filter_words(q.filters)
@@ -167,10 +175,11 @@ class EvidenceCache:
         vector = lk.vector
         if vector is None and not isinstance(self.embedder, NoEmbedder):
             vector = await self.embedder.embed(lk.norm)
-        await self.store.put(part.key, lk.qkey, entry, vector, self.ttl_s)
+        key = lk.qkey if entry.owner is None else private_key(lk.qkey, entry.owner)
+        await self.store.put(part.key, key, entry, vector, self.ttl_s)
         self._learn(part.key, words)
         if self.prefilter and vector is not None:
-            self._lex.add(part.key, lk.qkey, lk.norm, features(lk.norm).content)
+            self._lex.add(part.key, key, lk.norm, features(lk.norm).content)
         return part
 
     def _learn(self, pkey: str, words: Sequence[str]) -> None:

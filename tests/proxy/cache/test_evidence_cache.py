@@ -88,12 +88,16 @@ async def test_new_version_makes_older_entries_unreachable() -> None:
     assert (await ask(cache, "q")).hit
     await cache.versions.set("docs", "v2")
     lk = await ask(cache, "q")
-    assert not lk.hit and lk.partition.version == "v2"
+    assert not lk.hit and lk.partition.version == "v2+v1"
     # a response carrying a newer version files its evidence there and moves the route on
     await cache.store_evidence(lk, chunk_ids=["b"], acls=[("staff",)], body=b"{}", version="v3")
-    assert await cache.versions.current("docs") == "v3"
+    assert await cache.versions.current("docs") == "v2+v3"
     found = await ask(cache, "q")
     assert found.hit and found.entry is not None and found.entry.chunk_ids == ("b",)
+    # a stale response header (v1 again) moves the route to a new partition, never back to v1's entries
+    await cache.store_evidence(found, chunk_ids=["c"], acls=[("staff",)], body=b"{}", version="v1")
+    assert await cache.versions.current("docs") == "v2+v1"
+    assert (await ask(cache, "q")).entry.chunk_ids == ("c",)  # type: ignore[union-attr]
 
 
 async def test_static_source_version_from_config() -> None:

@@ -1,0 +1,334 @@
+"""Evidence cache end to end: ragtoll on loopback in front of a retrieval server, real JWTs, memory and Redis.
+
+The pipeline is composed here as build_stages will (evidence -> budget -> settle), over the real
+stages, upstream client and a loopback retrieval server whose ACLs and index version the tests change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import jwt
+import orjson
+import pytest
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from ragtoll.instrumentation import semconv as sc
+from ragtoll.proxy import config
+from ragtoll.proxy.cache.admin import version_endpoint
+from ragtoll.proxy.pipeline import Pipeline
+from ragtoll.proxy.routing import Router
+from ragtoll.proxy.stages.budget import BudgetStage
+from ragtoll.proxy.stages.evidence import EvidenceStage
+from ragtoll.proxy.stages.identify import Identifier
+from ragtoll.proxy.stages.settle import SettleStage
+from ragtoll.proxy.stores import open_store
+from ragtoll.proxy.upstream import UpstreamClient
+from support.servers import serve_in_thread
+
+SECRET = "e2e-secret-e2e-secret-e2e-secret-0123"
+ADMIN = "admin-token-for-tests"
+ENV = {"RAGTOLL_JWT_SECRET": SECRET}
+
+
+class Retriever:
+    """A tiny retrieval server: POST /search {query, top_k} -> {results: [...]} with per-doc ACLs."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls = 0
+        self.version = "v1"
+        self.docs = [
+            {"id": "refund-annual", "text": "Annual plans: refunds within 30 days.", "groups": ["finance"], "plan": "annual"},
+            {"id": "refund-monthly", "text": "Monthly plans: refunds within 7 days.", "groups": ["finance"], "plan": "monthly"},
+            {"id": "handbook", "text": "Employee handbook.", "groups": ["public"], "plan": "any"},
+            {"id": "notes", "text": "Private notes.", "groups": None, "plan": "any"},
+        ]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                await send({"type": msg["type"] + ".complete"})
+                if msg["type"] == "lifespan.shutdown":
+                    return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        if scope["path"].endswith("/embeddings"):
+            doc = orjson.loads(body)
+            with self.lock:
+                self.calls += 1
+            out = {"object": "list", "model": "e", "data": [{"object": "embedding", "index": 0, "embedding": [1.0, 0.0]}],
+                   "usage": {"prompt_tokens": 2, "total_tokens": 2}, "input": doc.get("input")}
+            return await self._json(send, out, [])
+        doc = orjson.loads(body)
+        q = str(doc.get("query", "")).lower()
+        with self.lock:
+            self.calls += 1
+            docs = sorted(self.docs, key=lambda d: (d["plan"] not in q, d["id"]))
+            results = [{"id": d["id"], "text": d["text"], "score": 1.0 - i / 10,
+                        "metadata": {"plan": d["plan"], **({"groups": d["groups"]} if d["groups"] else {})}}
+                       for i, d in enumerate(docs[: int(doc.get("top_k", 3))])]
+            version = self.version
+        await self._json(send, {"results": results}, [(b"x-index-version", version.encode())])
+
+    @staticmethod
+    async def _json(send: Any, doc: Any, headers: list[tuple[bytes, bytes]]) -> None:
+        raw = orjson.dumps(doc)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"), *headers]})
+        await send({"type": "http.response.body", "body": raw})
+
+
+class CacheProxy:
+    """ragtoll's pipeline with the evidence stage before the budget stage, plus the admin version route."""
+
+    def __init__(self, settings: config.Settings, telemetry: Any) -> None:
+        self.settings = settings
+        self.telemetry = telemetry
+        self.stage = EvidenceStage(settings, tracer_provider=telemetry.tracer_provider,
+                                   meter_provider=telemetry.meter_provider, env=ENV)
+        self.pipeline: Pipeline | None = None
+        self.admin = Starlette(routes=[Route("/admin/sources/{name}/version",
+                                             version_endpoint(self.stage.set_source_version, ADMIN), methods=["POST"])])
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    client = UpstreamClient(self.settings.upstreams, tracer_provider=self.telemetry.tracer_provider)
+                    store = open_store(self.settings)
+                    meter = self.telemetry.meter_provider.get_meter("test")
+                    stages = [self.stage, BudgetStage(self.settings, store, meter=meter), SettleStage(self.settings)]
+                    tracer = self.telemetry.tracer_provider.get_tracer("ragtoll.proxy")
+                    self.pipeline = Pipeline(self.settings, Router(self.settings.upstreams), client, stages,
+                                             Identifier(self.settings.tasks), tracer)
+                    self._closers = [client.aclose, store.aclose, self.stage.aclose]
+                    await send({"type": "lifespan.startup.complete"})
+                else:
+                    for close in self._closers:
+                        await close()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["path"].startswith("/admin/"):
+            return await self.admin(scope, receive, send)
+        assert self.pipeline is not None
+        route = self.pipeline.router.match(scope["path"])
+        assert route is not None
+        await self.pipeline.handle(route, scope, receive, send)
+
+
+@pytest.fixture
+def retriever() -> Iterator[tuple[str, Retriever]]:
+    app = Retriever()
+    with serve_in_thread(app) as url:
+        yield url, app
+
+
+@pytest.fixture
+def cache_proxy(retriever: tuple[str, Retriever], telemetry: Any) -> Any:
+    @contextlib.contextmanager
+    def make(**overrides: Any) -> Iterator[str]:
+        url = retriever[0]
+        raw: dict[str, Any] = {
+            "upstreams": [
+                {"name": "docs", "kind": "retrieval", "api": "json", "url": url, "prefix": "/docs",
+                 "fields": {"acl": "metadata.groups", "version_header": "x-index-version"}},
+                {"name": "emb", "kind": "embeddings", "api": "openai", "url": url, "prefix": "/emb"},
+            ],
+            "identity": {"mode": "jwt", "jwt": {"audience": "ragtoll"}},
+            "budgets": {"default_profile": "open", "profiles": {"open": {"max_calls": 100}}},
+            "cache": {"embedder": "none"},
+        }
+        for key, value in overrides.items():
+            raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+        with serve_in_thread(CacheProxy(config.parse(raw), telemetry)) as base:
+            yield base
+
+    return make
+
+
+def token(sub: str, groups: list[str], **extra: Any) -> str:
+    claims = {"sub": sub, "groups": groups, "aud": "ragtoll", "exp": int(time.time()) + 300, **extra}
+    return jwt.encode(claims, SECRET, algorithm="HS256")
+
+
+def search(base: str, query: str, tok: str | None, top_k: int = 3, task: str = "t1", **headers: str) -> httpx.Response:
+    h = {"x-ragtoll-task-id": task, **headers}
+    if tok:
+        h["authorization"] = f"Bearer {tok}"
+    return httpx.post(f"{base}/docs/search", json={"query": query, "top_k": top_k}, headers=h, timeout=10)
+
+
+def cache_attrs(telemetry: Any) -> list[dict[str, Any]]:
+    spans = [s for s in telemetry.spans() if s.name.startswith("retrieval")]
+    return [dict(s.attributes) for s in sorted(spans, key=lambda s: s.start_time)]
+
+
+ALICE = token("alice", ["finance"])
+BOB = token("bob", ["eng"])
+
+
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_exact_hit_is_served_without_upstream_and_trimmed(cache_proxy: Any, retriever: Any, telemetry: Any,
+                                                          store: str, request: pytest.FixtureRequest) -> None:
+    store_url = request.getfixturevalue("redis_url") if store == "redis" else "memory"
+    _, app = retriever
+    with cache_proxy(store=store_url) as base:
+        first = search(base, f"Refund window for annual plans {store}", ALICE)
+        second = search(base, f"refund window for ANNUAL plans {store}", ALICE, top_k=2)
+    assert first.status_code == second.status_code == 200
+    assert app.calls == 1
+    assert second.headers["x-ragtoll-cache"] == "hit; tier=exact"
+    assert [r["id"] for r in second.json()["results"]] == [r["id"] for r in first.json()["results"]][:2]
+    miss, hit = cache_attrs(telemetry)
+    assert miss[sc.CACHE_RESULT] == "miss" and miss[sc.CACHE_HIT] is False
+    assert hit[sc.CACHE_RESULT] == "hit" and hit[sc.CACHE_HIT] is True and hit[sc.CACHE_TIER] == "exact"
+    assert hit.get(sc.budget_used("max_calls")) == 2  # a hit is charged as a call
+
+
+def test_two_principals_with_different_groups(cache_proxy: Any, retriever: Any, telemetry: Any) -> None:
+    _, app = retriever
+    with cache_proxy() as base:
+        search(base, "annual refunds", ALICE, top_k=2)  # finance-only chunks
+        bob = search(base, "annual refunds", BOB, top_k=2)
+        alice = search(base, "annual refunds", ALICE, top_k=2)
+    assert "x-ragtoll-cache" not in bob.headers and alice.headers["x-ragtoll-cache"] == "hit; tier=exact"
+    assert app.calls == 2
+    reasons = [a.get(sc.CACHE_REASON) for a in cache_attrs(telemetry)]
+    assert reasons[1] == "acl:denied"
+
+
+def test_bad_tokens_and_forged_headers_never_get_cached_evidence(cache_proxy: Any, retriever: Any,
+                                                                  telemetry: Any) -> None:
+    _, app = retriever
+    expired = token("alice", ["finance"], exp=int(time.time()) - 5)
+    wrong_aud = token("alice", ["finance"], aud="other")
+    none_alg = jwt.encode({"sub": "alice", "groups": ["finance"], "aud": "ragtoll", "exp": int(time.time()) + 60},
+                          None, algorithm="none")
+    with cache_proxy() as base:
+        search(base, "annual refunds", ALICE)
+        for bad in (expired, wrong_aud, none_alg, None):
+            r = search(base, "annual refunds", bad, **{"x-auth-subject": "alice", "x-auth-groups": "finance"})
+            assert r.status_code == 200 and "x-ragtoll-cache" not in r.headers
+    assert app.calls == 5
+    reasons = [a.get(sc.CACHE_REASON) for a in cache_attrs(telemetry)[1:]]
+    assert reasons == ["identity:expired", "identity:audience", "identity:algorithm", "identity:missing"]
+
+
+def test_forged_identity_headers_are_ignored_when_not_trusted(cache_proxy: Any, retriever: Any) -> None:
+    _, app = retriever
+    forged = {"x-auth-subject": "alice", "x-auth-groups": "finance"}
+    with cache_proxy(identity={"mode": "none"}) as base:
+        search(base, "annual refunds", "alice-key")
+        r = search(base, "annual refunds", "mallory-key", **forged)
+    assert "x-ragtoll-cache" not in r.headers and app.calls == 2
+    with cache_proxy(identity={"mode": "header"}) as base:
+        search(base, "annual refunds", None, **forged)
+        trusted = search(base, "annual refunds", None, **forged)
+    assert trusted.headers["x-ragtoll-cache"] == "hit; tier=exact"
+
+
+def test_unknown_acl_is_private_to_the_fetcher(cache_proxy: Any, retriever: Any) -> None:
+    _, app = retriever
+    carol = token("carol", ["finance"])
+    with cache_proxy() as base:
+        search(base, "private notes", ALICE, top_k=4)  # includes "notes", which has no ACL
+        assert "x-ragtoll-cache" not in search(base, "private notes", carol, top_k=4).headers
+        assert search(base, "private notes", ALICE, top_k=4).headers["x-ragtoll-cache"] == "hit; tier=exact"
+    assert app.calls == 2
+
+
+def test_acl_change_reaches_the_cache_through_a_version_bump(cache_proxy: Any, retriever: Any) -> None:
+    _, app = retriever
+    with cache_proxy() as base:
+        search(base, "annual refunds", ALICE, top_k=2)
+        assert search(base, "annual refunds", ALICE, top_k=2).headers.get("x-ragtoll-cache")
+        with app.lock:  # the source revokes finance's access and re-indexes
+            for d in app.docs:
+                if d["id"].startswith("refund"):
+                    d["groups"] = ["auditors"]
+        denied = httpx.post(f"{base}/admin/sources/docs/version", json={"version": "v2"}, timeout=5)
+        assert denied.status_code == 401
+        ok = httpx.post(f"{base}/admin/sources/docs/version", json={"version": "v2"},
+                        headers={"authorization": f"Bearer {ADMIN}"}, timeout=5)
+        assert ok.status_code == 200 and ok.json() == {"source": "docs", "version": "v2"}
+        after = search(base, "annual refunds", ALICE, top_k=2)
+        assert "x-ragtoll-cache" not in after.headers  # the old entry is unreachable
+        again = search(base, "annual refunds", ALICE, top_k=2)
+        assert "x-ragtoll-cache" not in again.headers  # and the new evidence is not alice's to see
+        auditor = search(base, "annual refunds", token("dan", ["auditors"]), top_k=2)
+        assert auditor.headers["x-ragtoll-cache"] == "hit; tier=exact"
+    assert app.calls == 3  # alice's three misses; dan is served
+
+
+def test_version_header_moves_the_partition(cache_proxy: Any, retriever: Any) -> None:
+    _, app = retriever
+    with cache_proxy() as base:
+        search(base, "handbook", ALICE)
+        with app.lock:
+            app.version = "v7"
+        search(base, "handbook 2", ALICE)  # a response now says v7: v1 entries become unreachable
+        assert "x-ragtoll-cache" not in search(base, "handbook", ALICE).headers
+        assert search(base, "handbook", ALICE).headers["x-ragtoll-cache"] == "hit; tier=exact"
+    assert app.calls == 3
+
+
+def test_semantic_hit_verified_with_the_local_embedder_and_audited(cache_proxy: Any, retriever: Any,
+                                                                   telemetry: Any) -> None:
+    _, app = retriever
+    with cache_proxy(cache={"embedder": "local", "audit_fraction": 1.0}) as base:
+        search(base, "refund window for annual pro plans", ALICE)
+        hit = search(base, "refund window for yearly pro plans", ALICE)
+        near = search(base, "refund window for monthly pro plans", ALICE)
+        deadline = time.monotonic() + 5
+        while not [s for s in telemetry.spans() if s.name == "cache.audit docs"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert hit.headers["x-ragtoll-cache"] == "hit; tier=semantic"
+    assert "x-ragtoll-cache" not in near.headers
+    attrs = cache_attrs(telemetry)
+    assert attrs[1][sc.CACHE_TIER] == "semantic" and attrs[1][sc.CACHE_SIMILARITY] >= 0.85
+    assert attrs[2][sc.CACHE_REASON] == "verify:date"
+    audit = [s for s in telemetry.spans() if s.name == "cache.audit docs"]
+    assert audit and audit[0].events[0].name == sc.EVENT_CACHE_AUDIT
+    assert audit[0].events[0].attributes[sc.CACHE_AUDIT_AGREES] in (True, False)
+    assert app.calls == 2 + 1  # three asks, one of them served; plus one audit re-run
+
+
+def test_embeddings_exact_cache(cache_proxy: Any, retriever: Any) -> None:
+    _, app = retriever
+    with cache_proxy() as base:
+        h = {"authorization": f"Bearer {ALICE}", "x-ragtoll-task-id": "e1"}
+        body = {"model": "e", "input": "hello"}
+        a = httpx.post(f"{base}/emb/v1/embeddings", json=body, headers=h, timeout=5)
+        b = httpx.post(f"{base}/emb/v1/embeddings", json={"input": "hello", "model": "e"}, headers=h, timeout=5)
+        c = httpx.post(f"{base}/emb/v1/embeddings", json=body, headers={**h, "authorization": f"Bearer {BOB}"},
+                       timeout=5)
+    assert a.json() == b.json() and b.headers["x-ragtoll-cache"] == "hit; tier=exact"
+    assert "x-ragtoll-cache" not in c.headers  # another caller: its own entry
+    assert app.calls == 2
+
+
+def test_concurrent_identical_misses_all_answered(cache_proxy: Any, retriever: Any) -> None:
+    with cache_proxy() as base:
+        async def burst() -> list[int]:
+            async with httpx.AsyncClient(timeout=10) as client:
+                rs = await asyncio.gather(*[
+                    client.post(f"{base}/docs/search", json={"query": "handbook", "top_k": 3},
+                                headers={"authorization": f"Bearer {ALICE}", "x-ragtoll-task-id": f"c{i}"})
+                    for i in range(8)])
+            return [r.status_code for r in rs]
+
+        assert asyncio.run(burst()) == [200] * 8

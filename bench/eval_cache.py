@@ -14,21 +14,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import pathlib
 import random
 import re
 import sys
-import time
-from collections import Counter, defaultdict
+from collections import Counter
 from typing import Any
 
 import numpy as np
-
 from ragtoll.proxy.cache.embedders import CachedEmbedder, LocalEmbedder, LocalModel, NoEmbedder
 from ragtoll.proxy.cache.evidence import EvidenceCache, Query
-from ragtoll.proxy.cache.partition import normalize_query
 from ragtoll.proxy.cache.principal import Principal
 from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
 
@@ -40,7 +38,7 @@ _WORD = re.compile(r"\w+")
 def terms(text: str) -> list[str]:
     """Stemmed words and adjacent-word bigrams (phrase matching tells "Paris to London" from the reverse)."""
     words = [_stem(w) for w in _WORD.findall(text.lower())]
-    return words + [f"{a}_{b}" for a, b in zip(words, words[1:])]
+    return words + [f"{a}_{b}" for a, b in itertools.pairwise(words)]
 
 
 def _stem(w: str) -> str:

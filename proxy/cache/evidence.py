@@ -20,9 +20,9 @@ from . import acl
 from .audit import Auditor
 from .embedders import Embedder, NoEmbedder
 from .entry import Entry, EvidenceStore
+from .lexical import LexicalIndex
 from .partition import Partition, canonical_filters, exact_key, filter_words, normalize_query, serves_top_k
 from .principal import Principal
-from .lexical import LexicalIndex
 from .verify import features, verify
 from .versions import Versions
 

@@ -12,19 +12,10 @@ def _spread(groups: dict[str, str]) -> dict[str, str]:
     return {w: canon for words, canon in groups.items() for w in words.split()}
 
 
-STOPWORDS = frozenset("""
-a an the of for in on at by with about as is are was were be been being am do does did doing done
-i me my we our you your he she it its they them their this that these those there here what which who whom
-whose when where why how can could should would will shall may might must have has had having get gets got
-and or but if then so than too very just also any some all each every both either such own same other
-into onto over under up down out off again further once per via vs versus please tell show explain give find
-need want know like let make much many more most less least few one's s t
-policy policies info information details detail rule rules way ways work works question
-""".split()) - {"more", "most", "less", "least", "up", "down", "over", "under", "before", "after", "than", "out",
+STOPWORDS = frozenset(["a", "an", "the", "of", "for", "in", "on", "at", "by", "with", "about", "as", "is", "are", "was", "were", "be", "been", "being", "am", "do", "does", "did", "doing", "done", "i", "me", "my", "we", "our", "you", "your", "he", "she", "it", "its", "they", "them", "their", "this", "that", "these", "those", "there", "here", "what", "which", "who", "whom", "whose", "when", "where", "why", "how", "can", "could", "should", "would", "will", "shall", "may", "might", "must", "have", "has", "had", "having", "get", "gets", "got", "and", "or", "but", "if", "then", "so", "than", "too", "very", "just", "also", "any", "some", "all", "each", "every", "both", "either", "such", "own", "same", "other", "into", "onto", "over", "under", "up", "down", "out", "off", "again", "further", "once", "per", "via", "vs", "versus", "please", "tell", "show", "explain", "give", "find", "need", "want", "know", "like", "let", "make", "much", "many", "more", "most", "less", "least", "few", "one's", "s", "t", "policy", "policies", "info", "information", "details", "detail", "rule", "rules", "way", "ways", "work", "works", "question"]) - {"more", "most", "less", "least", "up", "down", "over", "under", "before", "after", "than", "out",
                 "in", "into", "off", "on"}
 
-NEGATIONS = frozenset("not no never without none neither nor cannot can't cant won't dont don't doesn't isn't "
-                      "aren't wasn't weren't excluding except unless non".split())
+NEGATIONS = frozenset(["not", "no", "never", "without", "none", "neither", "nor", "cannot", "can't", "cant", "won't", "dont", "don't", "doesn't", "isn't", "aren't", "wasn't", "weren't", "excluding", "except", "unless", "non"])
 
 # Words that open a slot: the next content word is the source, the target or the comparand.
 ROLE_MARKERS = {"from": "from", "to": "to", "into": "to", "towards": "to", "toward": "to", "than": "than",
@@ -161,15 +152,7 @@ SYNONYMS = _spread({
 })
 
 # Names that act as filters wherever they occur: regions, plan types, platforms, products, currencies.
-GAZETTEER = frozenset("""
-europe us uk apac canada germany france japan india australia latam mexico brazil china spain italy ireland
-netherlands singapore korea africa emea nordics switzerland sweden norway denmark poland london paris berlin
-tokyo new-york york sydney madrid rome amsterdam dublin toronto chicago boston seattle
-enterprise pro premium basic free starter team business personal family student
-linux windows macos android ios ubuntu debian centos rhel docker kubernetes aws azure gcp
-visa mastercard amex paypal stripe
-checking savings credit debit
-""".split())
+GAZETTEER = frozenset(["europe", "us", "uk", "apac", "canada", "germany", "france", "japan", "india", "australia", "latam", "mexico", "brazil", "china", "spain", "italy", "ireland", "netherlands", "singapore", "korea", "africa", "emea", "nordics", "switzerland", "sweden", "norway", "denmark", "poland", "london", "paris", "berlin", "tokyo", "new-york", "york", "sydney", "madrid", "rome", "amsterdam", "dublin", "toronto", "chicago", "boston", "seattle", "enterprise", "pro", "premium", "basic", "free", "starter", "team", "business", "personal", "family", "student", "linux", "windows", "macos", "android", "ios", "ubuntu", "debian", "centos", "rhel", "docker", "kubernetes", "aws", "azure", "gcp", "visa", "mastercard", "amex", "paypal", "stripe", "checking", "savings", "credit", "debit"])
 
 PERIOD_UNITS = {"hour": "period:hour", "day": "period:day", "week": "period:week", "month": "period:month",
                 "year": "period:year"}

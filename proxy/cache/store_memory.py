@@ -19,7 +19,7 @@ VERSION_TTL_S = 30 * 24 * 3600
 
 
 class _Partition:
-    __slots__ = ("vectors", "matrix", "keys")
+    __slots__ = ("keys", "matrix", "vectors")
 
     def __init__(self) -> None:
         self.vectors: dict[str, np.ndarray] = {}

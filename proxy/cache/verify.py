@@ -244,6 +244,4 @@ def _looks_like_name(tok: str, i: int, tokens: list[str]) -> bool:
         return True  # S3, gpt-4o
     if tok[0].isupper() and i > 0 and tokens[i - 1] not in (".", "?", "!"):
         return not tok[1:].islower() or tok.casefold() not in lx.STOPWORDS
-    if any(ch.isupper() for ch in tok[1:]):
-        return True  # iPhone, PostgreSQL
-    return False
+    return any(ch.isupper() for ch in tok[1:])  # iPhone, PostgreSQL

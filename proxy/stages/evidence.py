@@ -19,7 +19,6 @@ from typing import Any
 import orjson
 import xxhash
 from opentelemetry import metrics, trace
-
 from ragtoll.instrumentation import semconv as sc
 
 from ..adapters.fields import get_path
@@ -126,7 +125,8 @@ class EvidenceStage:
         resolution = self.resolver.resolve(ex.headers)
         principal = resolution.principal
         if principal is None or ex.call.parse_error:
-            return self._bypass(ex, resolution.reason or "parse_error")
+            self._bypass(ex, resolution.reason or "parse_error")
+            return None
         try:
             if op == "retrieval":
                 hit, pending = await self._lookup_retrieval(ex, principal, "no-cache" in control)
@@ -135,7 +135,8 @@ class EvidenceStage:
         except Exception as exc:  # noqa: BLE001 - a store or embedder failure is a miss, never an error
             if ex.span is not None:
                 ex.span.record_exception(exc)
-            return self._bypass(ex, "store_error")
+            self._bypass(ex, "store_error")
+            return None
         if hit is not None:
             ex.state["cache_hit"] = hit
             return hit.reply if self.serve_hits else None
@@ -271,7 +272,6 @@ class EvidenceStage:
         if ex.span is not None:
             ex.span.set_attributes({sc.CACHE_RESULT: "bypass", sc.CACHE_HIT: False, sc.CACHE_REASON: reason})
         self._lookups.add(1, {sc.CACHE_RESULT: "bypass", sc.CACHE_TIER: "none", sc.UPSTREAM: ex.route.upstream.name})
-        return None
 
     # --- self-audit, off the request path ----------------------------------------------------------
 

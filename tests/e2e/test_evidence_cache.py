@@ -17,9 +17,6 @@ import httpx
 import jwt
 import orjson
 import pytest
-from starlette.applications import Starlette
-from starlette.routing import Route
-
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy import config
 from ragtoll.proxy.cache.admin import version_endpoint
@@ -31,6 +28,8 @@ from ragtoll.proxy.stages.identify import Identifier
 from ragtoll.proxy.stages.settle import SettleStage
 from ragtoll.proxy.stores import open_store
 from ragtoll.proxy.upstream import UpstreamClient
+from starlette.applications import Starlette
+from starlette.routing import Route
 from support.servers import serve_in_thread
 
 SECRET = "e2e-secret-e2e-secret-e2e-secret-0123"

@@ -7,7 +7,6 @@ import random
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from ragtoll.proxy.cache import acl
 from ragtoll.proxy.cache.evidence import EvidenceCache, Query
 from ragtoll.proxy.cache.principal import Principal

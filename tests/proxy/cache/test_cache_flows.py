@@ -6,7 +6,6 @@ import random
 
 import numpy as np
 import pytest
-
 from ragtoll.proxy.cache.audit import Auditor, compare
 from ragtoll.proxy.cache.embedders import CachedEmbedder, LocalEmbedder, LocalModel, NoEmbedder
 from ragtoll.proxy.cache.evidence import EvidenceCache, Query

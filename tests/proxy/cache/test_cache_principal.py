@@ -10,7 +10,6 @@ from typing import Any
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-
 from ragtoll.proxy.cache.principal import PrincipalResolver
 from ragtoll.proxy.config import HeaderIdentityConfig, IdentityConfig, JwtConfig
 from ragtoll.proxy.errors import ConfigError

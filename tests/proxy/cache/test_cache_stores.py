@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
-
 from ragtoll.proxy.cache.entry import Entry
 from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
 from ragtoll.proxy.cache.store_redis import RedisEvidenceStore

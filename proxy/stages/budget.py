@@ -35,6 +35,9 @@ REMAINING_HEADER = b"x-ragtoll-budget-remaining"
 WARNING_HEADER = b"x-ragtoll-budget-warning"
 WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
 MAX_CACHED_PROFILES = 100_000
+# After a store failure, calls skip the store for this long (open: forward at once; closed: 503 at
+# once) instead of each waiting out store_timeout_ms against a store that is down.
+STORE_RETRY_MS = 1000
 
 
 @dataclass(slots=True)
@@ -70,6 +73,7 @@ class BudgetStage:
         self.hmac_key = load_key(self.cfg.hmac_key_env, self.cfg.hmac_key_file, env)
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
         self._profiles: OrderedDict[str, Selection] = OrderedDict()
+        self._store_down_until = 0
         self._rejections = meter.create_counter(sc.METRIC_REJECTIONS, unit="{call}",
                                                 description="Calls refused by a budget") if meter else None
 
@@ -84,6 +88,8 @@ class BudgetStage:
         sel = self._selection(ex, baggage)
         charge = self._charge(ex, hit is not None)
         now = self._wall_ms()
+        if now < self._store_down_until:
+            return self._store_failed(ex, StoreUnavailable("the store failed moments ago; not retried yet"), hit)
         try:
             async with asyncio.timeout(self.timeout):
                 limits, notes = self._limits(sel.profile, baggage, task_id, now)
@@ -94,6 +100,7 @@ class BudgetStage:
                     limits, notes = self._limits(sel.profile, baggage, task_id, now)
                     decision = await self._reserve(task_id, sel, limits, charge, now, ex.route.upstream.name)
         except Exception as exc:  # noqa: BLE001 - any store failure: open or closed, never hang
+            self._store_down_until = self._wall_ms() + STORE_RETRY_MS
             return self._store_failed(ex, exc, hit)
         if decision.profile_conflict:
             return self._store_failed(ex, RuntimeError("profile conflict did not resolve"), hit)
@@ -156,7 +163,7 @@ class BudgetStage:
         key = getattr(call, "query_key", None) or bm.query_key_of(call.query)
         return bm.charge_for(up.kind, call.operation, prompt_tokens=call.prompt_tokens,
                              max_output_tokens=call.max_output_tokens,
-                             default_max_output_tokens=self.cfg.default_max_output_tokens,
+                             default_max_output_tokens=self.cfg.default_max_output_tokens * max(1, call.choices),
                              cost_certain_usd=certain, cost_reserve_usd=reserve, query_key=key, cache_hit=cache_hit)
 
     def _store_failed(self, ex: Exchange, exc: BaseException, hit: Any) -> Reply | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 import redis
 from conftest import ProxyFactory, Telemetry, Upstream
 from ragtoll.instrumentation import semconv as sc
+from ragtoll.proxy.stages.budget import STORE_RETRY_MS
 from support.redis_server import start_redis, stop_all
 from test_budgets import TOKEN, budgets, call_spans, chat, remaining, task, upstreams
 
@@ -56,18 +58,22 @@ def test_store_stopped_mid_test(proxy: ProxyFactory, upstream: Upstream, telemet
             server.stop()
             during = chat(http, base, t)
             ready = http.get(f"{base}/readyz")
+            server.start()  # same port, empty: the proxy reconnects once the retry window passes
+            time.sleep(STORE_RETRY_MS / 1000 + 0.2)
+            after = chat(http, base, t)
     finally:
         stop_all([server])
     assert before.status_code == 200 and remaining(before)["max_steps"] == 4
     assert ready.status_code == 503 and ready.json()["status"] == "store_unavailable"
-    span = call_spans(telemetry, "chat")[-1]
+    assert after.status_code == 200 and remaining(after)["max_steps"] == 4  # budgets are back (the data is not)
+    span = call_spans(telemetry, "chat")[1]  # the call made while the store was down
     assert span.attributes[sc.DEGRADED] is True
     assert any(e.name == sc.EVENT_DEGRADED for e in span.events)
     if mode == "open":
         assert during.status_code == 200 and "x-ragtoll-budget-remaining" not in during.headers
-        assert upstream.app.state.calls["/v1/chat/completions"] == 2
+        assert upstream.app.state.calls["/v1/chat/completions"] == 3
     else:
         assert during.status_code == 503
         err = during.json()["error"]
         assert err["code"] == "store_unavailable" and err["store"] == server.url
-        assert upstream.app.state.calls["/v1/chat/completions"] == 1
+        assert upstream.app.state.calls["/v1/chat/completions"] == 2

@@ -1,12 +1,23 @@
-"""Budget arithmetic and profile selection as plain function calls (proxy/budget.py)."""
+"""Budget arithmetic, profile selection and the budget stage (stream cut, store failure), as plain calls."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import http_sfv
+import orjson
 import pytest
 from ragtoll.proxy import budget as bm
+from ragtoll.proxy import config
 from ragtoll.proxy.budget import Charge, Ledger
 from ragtoll.proxy.config import BudgetsConfig, Profile, ProfileRule
+from ragtoll.proxy.errors import StoreUnavailable
+from ragtoll.proxy.model import Call, TaskRef
+from ragtoll.proxy.pipeline import Exchange
+from ragtoll.proxy.routing import Router
+from ragtoll.proxy.stages.budget import BudgetStage, stream_end
+from ragtoll.proxy.stores.memory import MemoryStore
 
 LLM = Charge(steps=1, context_tokens=100, prompt_tokens=100, completion_reserve=50)
 RETRIEVAL = Charge(retrieval_calls=1, query_key="q1")
@@ -206,3 +217,73 @@ def test_llm_charge_reserves_requested_or_default_output() -> None:
                       default_max_output_tokens=1024, cost_certain_usd=0.0005, cost_reserve_usd=0, query_key="k",
                       cache_hit=False)
     assert (r.steps, r.retrieval_calls, r.query_key, r.cost_certain) == (0, 1, "k", 500_000)
+
+
+# --- the stage, called directly -------------------------------------------------------------------
+
+
+
+def settings(**overrides: Any) -> config.Settings:
+    raw = {"upstreams": [{"name": "openai", "kind": "llm", "api": "openai", "url": "http://127.0.0.1:9",
+                          "prefix": "/openai"}], "budgets": {"default_profile": "p", "profiles": {"p": {}}}}
+    raw.update(overrides)
+    return config.parse(raw)
+
+
+def exchange(s: config.Settings, **call: Any) -> Exchange:
+    route = Router(s.upstreams).routes[0]
+    ex = Exchange(route, "POST", "/v1/chat/completions", {}, [], "127.0.0.1", 0.0,
+                  task=TaskRef("task-1", "header", 1), timeouts=route.upstream.timeouts)
+    ex.call = Call("chat", model="gpt-4o-mini", **call)
+    return ex
+
+
+async def test_stream_cut_finishes_the_event_the_client_is_in() -> None:
+    s = settings(budgets={"default_profile": "p", "profiles": {"p": {"max_completion_tokens": 2}}})
+    stage = BudgetStage(s, MemoryStore(), env={})
+    ex = exchange(s, stream=True, max_output_tokens=50)
+    assert await stage.on_request(ex) is None
+    ev = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+    ex.observation.output_tokens_seen = 1
+    assert stage.on_chunk(ex, ev + ev[:10]) is None  # this chunk ends mid-event
+    ex.observation.output_tokens_seen = 3
+    cut = stage.on_chunk(ex, ev[10:] + ev)
+    assert cut is not None and cut.startswith(ev[10:])  # the open event is completed first
+    events = [e for e in cut[len(ev[10:]):].split(b"\n\n") if e]
+    assert orjson.loads(events[0][6:])["choices"][0]["finish_reason"] == "length"
+    assert events[1] == b"data: [DONE]"
+    assert stage.on_chunk(ex, ev) is None  # cut once
+
+
+def test_anthropic_stream_end_shape() -> None:
+    raw = stream_end("anthropic", "claude", 7)
+    events = [e.split(b"\n") for e in raw.split(b"\n\n") if e]
+    assert [e[0] for e in events] == [b"event: message_delta", b"event: message_stop"]
+    delta = orjson.loads(events[0][1][6:])
+    assert delta["delta"]["stop_reason"] == "max_tokens" and delta["usage"]["output_tokens"] == 7
+
+
+class HangingStore(MemoryStore):
+    """A store that never answers a reserve (a blackholed Redis)."""
+
+    reserves = 0
+
+    async def reserve(self, *args: Any, **kwargs: Any) -> Any:
+        HangingStore.reserves += 1
+        await asyncio.sleep(3600)
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+async def test_a_hanging_store_never_hangs_the_call(mode: str) -> None:
+    s = settings(on_store_error=mode, store_timeout_ms=50)
+    stage = BudgetStage(s, HangingStore(), env={})
+    HangingStore.reserves = 0
+    for _ in range(2):
+        ex = exchange(s)
+        if mode == "open":
+            assert await asyncio.wait_for(stage.on_request(ex), 5) is None
+            assert "budget_degraded" in ex.state
+        else:
+            with pytest.raises(StoreUnavailable):
+                await asyncio.wait_for(stage.on_request(ex), 5)
+    assert HangingStore.reserves == 1  # the second call did not wait on the store again

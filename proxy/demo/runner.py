@@ -234,6 +234,7 @@ class DemoResult:
     acl_checked: int
     acl_violations: list[scoring.AclFinding]
     seconds: float
+    cache: str  # what the enforced run's cache was, as printed
 
 
 def run_demo(
@@ -278,8 +279,14 @@ def run_demo(
                     ):
                         fh.write(src.read())
                 if enforce:
-                    result = _summarize(results, t0)
-                    _print_summary(out, tasks, result, embedder)
+                    stages = getattr(getattr(app, "pipeline", None), "stages", [])
+                    cache = f"evidence cache on (embedder {embedder})"
+                    if not any(type(st).__name__ == "EvidenceStage" for st in stages):
+                        cache = (
+                            "evidence cache configured, but this build has no evidence stage (no cache hits)"
+                        )
+                    result = _summarize(results, t0, cache)
+                    _print_summary(out, tasks, result)
                     if keep_running:
                         _hold(out, base, stack, token, stop)
     tracer_provider.shutdown()  # flushes spans to the OTLP endpoint, if any
@@ -288,14 +295,16 @@ def run_demo(
     return result
 
 
-def _summarize(results: dict[str, RunResult], t0: float) -> DemoResult:
+def _summarize(results: dict[str, RunResult], t0: float, cache: str) -> DemoResult:
     table, _, _ = scoring.compare(results["shadow"].records, results["enforced"].records)
     received = [(r.task_id, r.task.principal, r.received) for res in results.values() for r in res.runs]
     checked, bad = scoring.audit_acl(received, load_corpus())
-    return DemoResult(results["shadow"], results["enforced"], table, checked, bad, time.perf_counter() - t0)
+    return DemoResult(
+        results["shadow"], results["enforced"], table, checked, bad, time.perf_counter() - t0, cache
+    )
 
 
-def _print_summary(out: TextIO, tasks: list[Task], result: DemoResult, embedder: str) -> None:
+def _print_summary(out: TextIO, tasks: list[Task], result: DemoResult) -> None:
     shadow, enforced = result.shadow, result.enforced
     kinds: dict[str, int] = {}
     for t in tasks:
@@ -307,7 +316,7 @@ def _print_summary(out: TextIO, tasks: list[Task], result: DemoResult, embedder:
     )
     w(
         f"run 1 shadow: budgets evaluated, nothing rejected, cache off; run 2: budgets enforced, "
-        f"evidence cache on (embedder {embedder})\nnumbers below are ragtoll's task records\n\n"
+        f"{result.cache}\nnumbers below are ragtoll's task records\n\n"
     )
     w(result.table)
     w("\n")

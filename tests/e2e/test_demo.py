@@ -54,6 +54,8 @@ def test_budgets_and_cache_meet_the_targets(demo: tuple) -> None:
     assert enforced.cost_usd <= 0.6 * shadow.cost_usd
     assert shadow.accuracy is not None and enforced.accuracy is not None
     assert enforced.accuracy >= shadow.accuracy - 0.02
+    if result.cache.startswith("evidence cache on"):  # build_app wires the evidence stage
+        assert enforced.cache_hit_rate and shadow.cache_hit_rate == 0
     assert shadow.exhaustion_rate == 0  # shadow mode rejects nothing ...
     assert any(r.get("would_reject") for r in result.shadow.records)  # ... but records what it would have
 

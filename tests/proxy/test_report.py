@@ -129,6 +129,11 @@ def test_cli_report_writes_table_and_plot(tmp_path: pathlib.Path, capsys: pytest
     svg = tmp_path / "report.svg"
     assert main(["report", str(FIXTURE), "--format", "csv", "--plot", str(svg)]) == 0
     assert svg.read_text().startswith("<svg") and svg.stat().st_size > 1000
+    import xml.etree.ElementTree as ET
+
+    root = ET.fromstring(svg.read_text())  # well-formed: browsers and image viewers open it
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(root.findall(f".//{ns}svg")) == 2 and len(root.findall(f".//{ns}rect")) > 10
 
 
 def test_cli_errors_are_one_line_exit_2(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:

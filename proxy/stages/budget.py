@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -24,7 +25,7 @@ from ...instrumentation import semconv as sc
 from .. import budget as bm
 from ..budget import Actual, Charge, Ledger, Reservation, Selection
 from ..classifier import classify as _classify
-from ..config import Settings
+from ..config import Profile, Settings
 from ..errors import BudgetExceeded, StoreUnavailable
 from ..pipeline import Exchange, Reply
 from ..pricing import Prices
@@ -38,6 +39,7 @@ MAX_CACHED_PROFILES = 100_000
 # After a store failure, calls skip the store for this long (open: forward at once; closed: 503 at
 # once) instead of each waiting out store_timeout_ms against a store that is down.
 STORE_RETRY_MS = 1000
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')  # the first id after "response.created"
 
 
 @dataclass(slots=True)
@@ -55,6 +57,7 @@ class Ticket:
     out_price_nusd: float = 0.0  # per output token
     deadline_ms: int | None = None
     tail_clean: bool = True  # the bytes sent so far end on an SSE event boundary
+    response_id: str | None = None  # Responses API streams: the id the closing event must repeat
     cut: str | None = None
 
 
@@ -137,11 +140,15 @@ class BudgetStage:
         if any(k.startswith(bm.BAGGAGE_PREFIX) for k in baggage):
             raises, sig_notes = verify_budget_baggage(baggage, task_id, self.hmac_key, now_ms / 1000)
             notes.extend(sig_notes)
-        limits, lim_notes = bm.effective_limits(self.cfg.profiles[profile], baggage, raises)
+        limits, lim_notes = bm.effective_limits(self._profile(profile), baggage, raises)
         return bm.to_units(limits), notes + lim_notes
 
+    def _profile(self, name: str) -> Profile:
+        # a task in a shared store may name a profile this replica's config no longer has
+        return self.cfg.profiles.get(name) or self.cfg.profiles[self.cfg.default_profile]
+
     def _shadow(self, profile: str) -> bool:
-        mode = self.cfg.profiles[profile].mode or self.cfg.mode
+        mode = self._profile(profile).mode or self.cfg.mode
         return mode == "shadow"
 
     async def _reserve(self, task_id: str, sel: Selection, limits: dict[str, int], charge: Charge,
@@ -285,8 +292,11 @@ class BudgetStage:
             dim = "max_cost_usd"
         elif ticket.deadline_ms is not None and self._wall_ms() >= ticket.deadline_ms:
             dim = "max_latency_ms"
+        if ticket.response_id is None and b'"response.created"' in chunk:
+            m = _RESPONSE_ID.search(chunk, chunk.find(b'"response.created"'))
+            ticket.response_id = m.group(1).decode("utf-8", "replace") if m else None
         if dim is None:
-            ticket.tail_clean = chunk.endswith(b"\n\n") or (not chunk and ticket.tail_clean)
+            ticket.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and ticket.tail_clean)
             return None
         if ticket.shadow:  # record once what enforcement would have done; never cut
             ticket.cut = dim
@@ -302,9 +312,14 @@ class BudgetStage:
                                                   "output_tokens_seen": seen})
         prefix = b""
         if not ticket.tail_clean:  # finish the event the client is in the middle of
-            end = chunk.find(b"\n\n")
-            prefix = chunk[: end + 2] if end >= 0 else b"\n\n"
-        return prefix + stream_end(ex.route.adapter.error_style, ex.observation.response_model or ex.call.model, seen)
+            end, width = chunk.find(b"\n\n"), 2
+            crlf = chunk.find(b"\r\n\r\n")
+            if crlf >= 0 and (end < 0 or crlf < end):
+                end, width = crlf, 4
+            prefix = chunk[: end + width] if end >= 0 else b"\n\n"
+        model = ex.observation.response_model or ex.call.model
+        return prefix + stream_end(ex.route.adapter.error_style, model, seen, ex.target.split("?", 1)[0],
+                                   ticket.response_id)
 
     # --- after the response ------------------------------------------------------------------------
 
@@ -363,15 +378,29 @@ class BudgetStage:
         return Actual(context, completion, cost, chunks)
 
 
-def stream_end(style: str, model: str | None, seen: int) -> bytes:
-    """Bytes that end an SSE stream cleanly as if the model had hit its token limit."""
+def stream_end(style: str, model: str | None, seen: int, path: str = "/chat/completions",
+               response_id: str | None = None) -> bytes:
+    """Bytes that end an SSE stream cleanly, as if the model had hit its output token limit, in
+    the stream's own dialect: Anthropic Messages, OpenAI Responses, legacy completions or chat."""
+    now = int(time.time())
     if style == "anthropic":
         delta = {"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
                  "usage": {"output_tokens": seen}}
         return (b"event: message_delta\ndata: " + orjson.dumps(delta) + b"\n\n"
                 b"event: message_stop\ndata: " + orjson.dumps({"type": "message_stop"}) + b"\n\n")
-    chunk = {"id": "chatcmpl-ragtoll-budget", "object": "chat.completion.chunk", "created": int(time.time()),
-             "model": model or "", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+    if path.endswith("/responses"):
+        response = {"id": response_id or "resp_ragtoll_budget", "object": "response", "created_at": now, "model": model or "",
+                    "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
+                    "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None}
+        # no `output`: the SDK's stream accumulator then fills in the items that did stream
+        event = {"type": "response.incomplete", "sequence_number": 1_000_000, "response": response}
+        return b"event: response.incomplete\ndata: " + orjson.dumps(event) + b"\n\n"
+    if path.endswith("/completions") and not path.endswith("/chat/completions"):
+        chunk = {"id": "cmpl-ragtoll-budget", "object": "text_completion", "created": now, "model": model or "",
+                 "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]}
+    else:
+        chunk = {"id": "chatcmpl-ragtoll-budget", "object": "chat.completion.chunk", "created": now,
+                 "model": model or "", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
     return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
 
 

@@ -452,10 +452,15 @@ def test_signed_raise_without_a_key_is_ignored(proxy: ProxyFactory, upstream: Up
     assert codes == [200, 429]
 
 
-class AnthropicStreamUpstream:
-    """A Messages API that streams five text deltas, 50 ms apart (the shared fake has no Anthropic stream)."""
+def sse(name: str, doc: dict[str, Any]) -> bytes:
+    return f"event: {name}\ndata: ".encode() + orjson.dumps(doc) + b"\n\n"
 
-    words = ("Hel", "lo", " the", "re", ".")
+
+class SseUpstream:
+    """Streams fixed SSE events 50 ms apart to any request (the shared fake streams chat only)."""
+
+    def __init__(self, events: list[bytes]) -> None:
+        self.events = events
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
@@ -465,35 +470,57 @@ class AnthropicStreamUpstream:
             return
         while (await receive()).get("more_body"):
             pass
-
-        def event(name: str, doc: dict[str, Any]) -> bytes:
-            return f"event: {name}\ndata: ".encode() + orjson.dumps(doc) + b"\n\n"
-
-        message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test-model",
-                   "content": [], "stop_reason": None, "stop_sequence": None,
-                   "usage": {"input_tokens": 10, "output_tokens": 1}}
-        events = [event("message_start", {"type": "message_start", "message": message}),
-                  event("content_block_start", {"type": "content_block_start", "index": 0,
-                                                "content_block": {"type": "text", "text": ""}})]
-        events += [event("content_block_delta", {"type": "content_block_delta", "index": 0,
-                                                 "delta": {"type": "text_delta", "text": w}}) for w in self.words]
-        events += [event("content_block_stop", {"type": "content_block_stop", "index": 0}),
-                   event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
-                                                                               "stop_sequence": None},
-                                           "usage": {"output_tokens": 5}}),
-                   event("message_stop", {"type": "message_stop"})]
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
-        for e in events:
+        for e in self.events:
             await send({"type": "http.response.body", "body": e, "more_body": True})
             await asyncio.sleep(0.05)
         await send({"type": "http.response.body", "body": b""})
+
+
+WORDS = ("Hel", "lo", " the", "re", ".")
+
+
+def anthropic_events() -> list[bytes]:
+    message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test-model", "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}}
+    return [
+        sse("message_start", {"type": "message_start", "message": message}),
+        sse("content_block_start", {"type": "content_block_start", "index": 0,
+                                    "content_block": {"type": "text", "text": ""}}),
+        *[sse("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                      "delta": {"type": "text_delta", "text": w}}) for w in WORDS],
+        sse("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        sse("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                              "usage": {"output_tokens": 5}}),
+        sse("message_stop", {"type": "message_stop"}),
+    ]
+
+
+def responses_events() -> list[bytes]:
+    resp = {"id": "resp_1", "object": "response", "created_at": 1700000000, "model": "gpt-4o-mini",
+            "status": "in_progress", "output": [], "parallel_tool_calls": True, "tool_choice": "auto", "tools": []}
+    item = {"id": "msg_1", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+    part = {"type": "output_text", "text": "", "annotations": []}
+    where = {"item_id": "msg_1", "output_index": 0, "content_index": 0}
+    events = [
+        sse("response.created", {"type": "response.created", "sequence_number": 0, "response": resp}),
+        sse("response.output_item.added", {"type": "response.output_item.added", "sequence_number": 1,
+                                           "output_index": 0, "item": item}),
+        sse("response.content_part.added", {"type": "response.content_part.added", "sequence_number": 2,
+                                            **where, "part": part}),
+    ]
+    events += [sse("response.output_text.delta", {"type": "response.output_text.delta", "sequence_number": 3 + i,
+                                                  **where, "delta": w, "logprobs": []}) for i, w in enumerate(WORDS)]
+    done = {**resp, "status": "completed"}
+    events.append(sse("response.completed", {"type": "response.completed", "sequence_number": 9, "response": done}))
+    return events
 
 
 def test_anthropic_stream_is_cut_with_max_tokens(proxy: ProxyFactory, telemetry: Telemetry,
                                                  request: pytest.FixtureRequest) -> None:
     from support.servers import serve_in_thread
 
-    with serve_in_thread(AnthropicStreamUpstream()) as fake:
+    with serve_in_thread(SseUpstream(anthropic_events())) as fake:
         ups = [{"name": "claude", "kind": "llm", "api": "anthropic", "url": fake, "prefix": "/anthropic"}]
         with proxy(upstreams=ups, budgets=budgets(max_completion_tokens=2)) as base:
             client = anthropic.Anthropic(base_url=f"{base}/anthropic", api_key="k", max_retries=0,
@@ -504,4 +531,25 @@ def test_anthropic_stream_is_cut_with_max_tokens(proxy: ProxyFactory, telemetry:
                 final = stream.get_final_message()
     assert final.stop_reason == "max_tokens"
     assert "".join(b.text for b in final.content if b.type == "text") == "Hello"
+    assert call_spans(telemetry, "chat")[0].attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"
+
+
+def test_responses_stream_is_cut_as_incomplete(proxy: ProxyFactory, telemetry: Telemetry,
+                                               request: pytest.FixtureRequest) -> None:
+    from support.servers import serve_in_thread
+
+    with serve_in_thread(SseUpstream(responses_events())) as fake:
+        ups = [{"name": "openai", "kind": "llm", "api": "openai", "url": fake, "prefix": "/openai"}]
+        with proxy(upstreams=ups, budgets=budgets(max_completion_tokens=2)) as base:
+            client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key="k", max_retries=0,
+                                   default_headers={"x-ragtoll-task-id": task()})
+            request.addfinalizer(client.close)
+            with client.responses.stream(model="gpt-4o-mini", input="hi") as stream:
+                events = list(stream)
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    last = events[-1]
+    assert text == "Hello" and last.type == "response.incomplete"
+    assert last.response.incomplete_details is not None
+    assert last.response.incomplete_details.reason == "max_output_tokens"
+    assert last.response.output[0].content[0].text == "Hello"  # what did stream is kept
     assert call_spans(telemetry, "chat")[0].attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"

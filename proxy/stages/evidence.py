@@ -97,6 +97,9 @@ class EvidenceStage:
         self._audits = meter.create_counter(sc.METRIC_CACHE_AUDITS, unit="{audit}",
                                             description="Semantic hits re-run upstream, by agreement")
         self._background: set[asyncio.Task[None]] = set()
+        # misses whose evidence is still to be filed: the response can reach the client before
+        # `on_end` has stored it (tests and drains wait for zero)
+        self.pending_filings = 0
 
     # --- admin ------------------------------------------------------------------------------------
 
@@ -142,6 +145,7 @@ class EvidenceStage:
             return hit.reply if self.serve_hits else None
         if pending is not None and "no-store" not in control:
             ex.state["evidence"] = pending
+            self.pending_filings += 1
         return None
 
     def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None:
@@ -156,11 +160,12 @@ class EvidenceStage:
 
     async def on_end(self, ex: Exchange) -> None:
         pending: _Pending | None = ex.state.pop("evidence", None)
-        if pending is None or pending.too_big or ex.status != 200 or ex.outcome != "ok" \
-                or not ex.state.get("complete"):
+        if pending is None:
             return
-        body = b"".join(pending.parts)
         try:
+            if pending.too_big or ex.status != 200 or ex.outcome != "ok" or not ex.state.get("complete"):
+                return
+            body = b"".join(pending.parts)
             if pending.key is not None:
                 entry = Entry("", None, (), (), body, owner=None, created=time.time())
                 await self.store.put(pending.key[0], pending.key[1], entry, None, self.cfg.ttl_s)
@@ -169,6 +174,8 @@ class EvidenceStage:
         except Exception as exc:  # noqa: BLE001 - failing to cache never fails the call
             if ex.span is not None:
                 ex.span.record_exception(exc)
+        finally:
+            self.pending_filings -= 1
 
     # --- retrieval --------------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from support.servers import serve_in_thread
 SECRET = "e2e-secret-e2e-secret-e2e-secret-0123"
 ADMIN = "admin-token-for-tests"
 ENV = {"RAGTOLL_JWT_SECRET": SECRET}
+CURRENT: list[Any] = []  # the proxy being served, so helpers can wait until a miss is filed
 
 
 class Retriever:
@@ -43,6 +44,7 @@ class Retriever:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.calls = 0
+        self.embedded: list[str] = []
         self.version = "v1"
         self.docs = [
             {"id": "refund-annual", "text": "Annual plans: refunds within 30 days.", "groups": ["finance"], "plan": "annual"},
@@ -68,6 +70,7 @@ class Retriever:
             doc = orjson.loads(body)
             with self.lock:
                 self.calls += 1
+                self.embedded.append(str(doc.get("input")))
             out = {"object": "list", "model": "e", "data": [{"object": "embedding", "index": 0, "embedding": [1.0, 0.0]}],
                    "usage": {"prompt_tokens": 2, "total_tokens": 2}, "input": doc.get("input")}
             return await self._json(send, out, [])
@@ -153,7 +156,9 @@ def cache_proxy(retriever: tuple[str, Retriever], telemetry: Any) -> Any:
         }
         for key, value in overrides.items():
             raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
-        with serve_in_thread(CacheProxy(config.parse(raw), telemetry)) as base:
+        proxy = CacheProxy(config.parse(raw), telemetry)
+        CURRENT[:] = [proxy]
+        with serve_in_thread(proxy) as base:
             yield base
 
     return make
@@ -168,7 +173,16 @@ def search(base: str, query: str, tok: str | None, top_k: int = 3, task: str = "
     h = {"x-ragtoll-task-id": task, **headers}
     if tok:
         h["authorization"] = f"Bearer {tok}"
-    return httpx.post(f"{base}/docs/search", json={"query": query, "top_k": top_k}, headers=h, timeout=10)
+    r = httpx.post(f"{base}/docs/search", json={"query": query, "top_k": top_k}, headers=h, timeout=10)
+    wait_filed()
+    return r
+
+
+def wait_filed() -> None:
+    """The response can arrive before ragtoll has filed its evidence (on_end): wait for that."""
+    deadline = time.monotonic() + 10
+    while CURRENT and CURRENT[0].stage.pending_filings and time.monotonic() < deadline:
+        time.sleep(0.005)
 
 
 def cache_attrs(telemetry: Any) -> list[dict[str, Any]]:
@@ -312,6 +326,7 @@ def test_embeddings_exact_cache(cache_proxy: Any, retriever: Any) -> None:
         h = {"authorization": f"Bearer {ALICE}", "x-ragtoll-task-id": "e1"}
         body = {"model": "e", "input": "hello"}
         a = httpx.post(f"{base}/emb/v1/embeddings", json=body, headers=h, timeout=5)
+        wait_filed()
         b = httpx.post(f"{base}/emb/v1/embeddings", json={"input": "hello", "model": "e"}, headers=h, timeout=5)
         c = httpx.post(f"{base}/emb/v1/embeddings", json=body, headers={**h, "authorization": f"Bearer {BOB}"},
                        timeout=5)
@@ -331,3 +346,63 @@ def test_concurrent_identical_misses_all_answered(cache_proxy: Any, retriever: A
             return [r.status_code for r in rs]
 
         assert asyncio.run(burst()) == [200] * 8
+
+
+def test_upstream_embedder_is_called_through_ragtoll_and_cached(cache_proxy: Any, retriever: Any,
+                                                                telemetry: Any) -> None:
+    _, app = retriever
+    # the fake endpoint gives every text the same vector: similarity is 1.0, only verification decides
+    with cache_proxy(cache={"embedder": "upstream:emb"}) as base:
+        search(base, "refund window for annual pro plans", ALICE)
+        hit = search(base, "refund window for yearly pro plans", ALICE)
+        again = search(base, "refund window for yearly pro plans", ALICE)
+        near = search(base, "refund window for monthly pro plans", ALICE)
+    assert hit.headers["x-ragtoll-cache"] == again.headers["x-ragtoll-cache"] == "hit; tier=semantic"
+    assert "x-ragtoll-cache" not in near.headers
+    assert cache_attrs(telemetry)[3][sc.CACHE_REASON] == "verify:date"
+    assert app.embedded.count("refund window for yearly pro plans") == 1  # exact embedding cache
+    assert "refund window for annual pro plans" in app.embedded
+
+
+class Authz:
+    def __init__(self) -> None:
+        self.denied: set[str] = set()
+        self.asked = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                msg = await receive()
+                await send({"type": msg["type"] + ".complete"})
+                if msg["type"] == "lifespan.shutdown":
+                    return
+        body = b""
+        while True:
+            msg = await receive()
+            body += msg.get("body", b"")
+            if not msg.get("more_body"):
+                break
+        doc = orjson.loads(body)
+        self.asked += 1
+        allowed = [c for c in doc["chunk_ids"] if c not in self.denied]
+        raw = orjson.dumps({"allowed": allowed})
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": raw})
+
+
+def test_external_authz_reconfirms_every_serve_and_fails_closed(cache_proxy: Any, retriever: Any,
+                                                                telemetry: Any) -> None:
+    authz = Authz()
+    with serve_in_thread(authz) as authz_url, \
+            cache_proxy(cache={"authz_url": authz_url + "/check", "authz_ttl_s": 0.0}) as base:
+        search(base, "handbook", ALICE, top_k=2)
+        assert search(base, "handbook", ALICE, top_k=2).headers["x-ragtoll-cache"] == "hit; tier=exact"
+        authz.denied.add("handbook")
+        assert "x-ragtoll-cache" not in search(base, "handbook", ALICE, top_k=2).headers
+    # the authz server is gone: never serve
+    with cache_proxy(cache={"authz_url": authz_url + "/check", "authz_timeout_s": 0.2}) as base:
+        search(base, "handbook", ALICE, top_k=2)
+        assert "x-ragtoll-cache" not in search(base, "handbook", ALICE, top_k=2).headers
+    reasons = [a.get(sc.CACHE_REASON) for a in cache_attrs(telemetry)]
+    assert reasons[2] == "authz:denied" and reasons[-1] == "authz:unavailable"
+    assert authz.asked >= 2

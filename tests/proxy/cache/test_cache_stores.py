@@ -112,3 +112,26 @@ async def test_memory_ttl_and_lru_bounds() -> None:
     await store.put("p", "big", big, None, 60)
     assert await store.get("p", "big") is None  # larger than the whole budget: not kept
     assert store.bytes <= 10_000
+
+
+async def test_redis_cluster_partition_steps_are_single_slot() -> None:
+    from support.budget_cluster import start_budget_cluster
+    from support.redis_server import stop_all
+
+    nodes = start_budget_cluster(masters=3)
+    store = RedisEvidenceStore.from_url(f"redis+cluster://127.0.0.1:{nodes[0].port}", max_partition_entries=2,
+                                        timeout_s=2.0)
+    try:
+        parts = [pk() for _ in range(6)]  # spread over the cluster's slots
+        for p in parts:
+            for i in range(3):
+                await store.put(p, f"q{i}", entry(f"{p}-{i}"), unit(1, i, 0), 60)
+        for p in parts:
+            found = await store.nearest(p, unit(1, 2, 0), 0.0, 5)
+            assert [e.query for _, e in found] == [f"{p}-2", f"{p}-1"]  # bounded to 2, oldest trimmed
+            assert await store.get(p, "q0") is None
+        await store.set_version("docs", "v3")
+        assert await store.get_version("docs") == "v3"
+    finally:
+        await store.aclose()
+        stop_all(nodes)

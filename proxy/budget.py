@@ -201,15 +201,17 @@ def warnings(limits: Mapping[str, int], ledger: Ledger, charge: Charge | None, n
 
 def sf_dictionary(values: Mapping[str, float]) -> bytes:
     """An RFC 8941 dictionary. Integers stay integers; decimals keep RFC 8941's three fraction
-    digits, rounded down so a client never sees more than is left, and carry the exact amount
-    in micro-units as the `micros` parameter (cost: 0.0123 USD -> `0.012;micros=12300`)."""
+    digits, rounded down so a client never sees more than is left; cost also carries the exact
+    amount in micro-USD as the `micros` parameter (0.0123 USD -> `max_cost_usd=0.012;micros=12300`)."""
     parts = []
     for key, value in values.items():
-        if isinstance(value, int) or (isinstance(value, float) and value.is_integer() and key != "max_cost_usd"):
-            parts.append(f"{key}={min(int(value), 999_999_999_999_999)}")
-        else:
+        if key == "max_cost_usd":
             floored = math.floor(value * 1000) / 1000
             parts.append(f"{key}={floored:.3f};micros={int(value * 1_000_000)}")
+        elif isinstance(value, int) or value.is_integer():
+            parts.append(f"{key}={min(int(value), 999_999_999_999_999)}")
+        else:
+            parts.append(f"{key}={math.floor(value * 1000) / 1000:.3f}")
     return ", ".join(parts).encode()
 
 

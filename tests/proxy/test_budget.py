@@ -127,6 +127,10 @@ def test_remaining_header_is_an_rfc8941_dictionary() -> None:
     assert float(parsed["max_cost_usd"].value) == 0.012  # rounded down, never more than is left
     assert parsed["max_cost_usd"].params["micros"] == 12300
     assert parsed["max_latency_ms"].value == 0
+    warn = http_sfv.Dictionary()
+    warn.parse(bm.sf_dictionary({"max_steps": 0.875, "max_calls": 1.0}))
+    assert float(warn["max_steps"].value) == 0.875 and not warn["max_steps"].params
+    assert warn["max_calls"].value == 1
 
 
 # --- profile selection and baggage -----------------------------------------------------------------

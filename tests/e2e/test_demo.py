@@ -72,13 +72,23 @@ def test_runaway_task_is_stopped_by_its_budget_with_a_clear_error(demo: tuple) -
 
 
 def test_no_chunk_reaches_a_principal_without_access(demo: tuple) -> None:
-    result, out, _, _ = demo
+    result, out, _, receiver = demo
     assert result.acl_checked > 0 and result.acl_violations == []
     assert f"ACL audit: {result.acl_checked} chunks" in out
     # bob asked for the staff-only escalation contact alice got: he gets an abstention, not the name
     for res in (result.shadow, result.enforced):
         bob = [r for r in res.runs if r.task.kind == "access" and r.task.principal == "bob"]
         assert bob and all(r.correct and "Tomas Berg" not in (r.answer or "") for r in bob)
+    if result.cache.startswith("evidence cache on"):  # alice's cached evidence was refused to bob
+        (bob_run,) = [
+            r for r in result.enforced.runs if r.task.kind == "access" and r.task.principal == "bob"
+        ]
+        reasons = [
+            s["attributes"].get("ragtoll.cache.reason")
+            for s in receiver.spans
+            if s["attributes"].get("ragtoll.task.id") == bob_run.task_id
+        ]
+        assert "acl:denied" in reasons
 
 
 def test_audit_flags_a_chunk_outside_the_principals_groups() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import logging
 import os
 import threading
 import time
@@ -19,6 +20,7 @@ import orjson
 
 from .budget import Ledger, usd
 
+log = logging.getLogger("ragtoll.records")
 END_EXPLICIT = "explicit"
 END_IDLE = "idle"
 
@@ -112,6 +114,7 @@ class TaskEnder:
         self.sink = sink
         self.idle_ms = int(idle_timeout_s * 1000)
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
+        self.sink_failures = 0
 
     async def end(self, task_id: str, outcome: Mapping[str, Any] | None, reason: str = END_EXPLICIT,
                   idle_before_ms: int | None = None) -> dict[str, Any] | None:
@@ -120,7 +123,12 @@ class TaskEnder:
             return None
         ended = self._wall_ms() if reason == END_EXPLICIT else ledger.last_ms
         record = task_record(ledger, ended_ms=ended, end_reason=reason, outcome=outcome)
-        await self.sink.append(record)
+        try:
+            await self.sink.append(record)
+        except Exception as exc:  # noqa: BLE001 - the task has ended either way; say the record was lost
+            self.sink_failures += 1
+            log.warning("task record for %r not written (%s: %s)", task_id, type(exc).__name__, exc)
+            return {**record, "record_written": False}
         return record
 
     async def sweep(self) -> int:

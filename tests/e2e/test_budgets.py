@@ -553,3 +553,14 @@ def test_responses_stream_is_cut_as_incomplete(proxy: ProxyFactory, telemetry: T
     assert last.response.incomplete_details.reason == "max_output_tokens"
     assert last.response.output[0].content[0].text == "Hello"  # what did stream is kept
     assert call_spans(telemetry, "chat")[0].attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"
+
+
+def test_an_unwritable_record_sink_still_ends_the_task(proxy: ProxyFactory, upstream: Upstream, tmp_path: Any) -> None:
+    t = task()
+    cfg = {**budgets(max_steps=5), "records_file": str(tmp_path / "missing-dir" / "tasks.jsonl")}
+    with proxy(upstreams=upstreams(upstream.url), budgets=cfg) as base, httpx.Client() as http:
+        chat(http, base, t)
+        r = http.post(f"{base}/admin/tasks/{t}/end", headers=_auth())
+        gone = http.get(f"{base}/admin/tasks/{t}", headers=_auth())
+    assert r.status_code == 200 and r.json()["record_written"] is False and r.json()["steps"] == 1
+    assert gone.status_code == 404

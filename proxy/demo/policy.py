@@ -98,10 +98,9 @@ def best_sentence(question: str, evidence: list[tuple[str, str]]) -> tuple[float
 
 
 def keywords(question: str) -> str:
-    words = re.findall(r"[A-Za-z0-9][A-Za-z0-9.\-]*", question)
-    return " ".join(
-        w for w in words if w.lower() not in STOPWORDS and w.lower().strip(".") not in ("s",)
-    ).strip(".")
+    """The question's content words in their own spelling: what an agent types into a search box."""
+    words = (w.rstrip(".") for w in re.findall(r"[A-Za-z0-9][A-Za-z0-9.\-]*", question))
+    return " ".join(w for w in words if w and w.lower() not in STOPWORDS)
 
 
 def bridge(sentence: str, question: str) -> str | None:

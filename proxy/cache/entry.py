@@ -55,9 +55,9 @@ class EvidenceStore(Protocol):
 
     async def get(self, pkey: str, qkey: str) -> Entry | None: ...
 
-    async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float,
-                      limit: int) -> list[tuple[float, Entry]]:
-        """Entries whose query vector has cosine >= min_similarity, best first."""
+    async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float, limit: int,
+                      keys: list[str] | None = None) -> list[tuple[float, Entry]]:
+        """Entries whose query vector has cosine >= min_similarity, best first; only `keys` when given."""
         ...
 
     async def put(self, pkey: str, qkey: str, entry: Entry, vector: np.ndarray | None, ttl_s: int) -> None: ...

@@ -121,16 +121,19 @@ class EvidenceCache:
             return
         vocab = self._partition_vocab(pkey) | filter_words(q.filters)
         mine = features(lk.norm, vocab)
+        keys: list[str] | None = None
         if self.prefilter:
-            possible, why = self._lex.candidate(pkey, mine, vocab)
-            if not possible:
+            # only entries that could verify are compared: near misses that embed closer than a
+            # paraphrase never crowd it out of the candidate list
+            keys, why = self._lex.candidates(pkey, mine, vocab)
+            if not keys:
                 lk.reason = why if lk.reason == "none" else lk.reason
                 return
         lk.vector = await self.embedder.embed(lk.norm)
         if lk.vector is None:
             return
         threshold = self.auditor.threshold(lk.partition.source)
-        found = await self.store.nearest(pkey, lk.vector, threshold, self.candidates)
+        found = await self.store.nearest(pkey, lk.vector, threshold, self.candidates, keys)
         if not found:
             if lk.reason == "none":
                 lk.reason = "below_threshold"

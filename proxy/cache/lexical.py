@@ -43,11 +43,12 @@ class LexicalIndex:
             for w in words:
                 part.postings.get(w, set()).discard(old)
 
-    def candidate(self, pkey: str, mine: Features, vocab: set[str]) -> tuple[bool, str]:
-        """(True, "") if some entry passes verification against `mine`; else (False, the closest's refusal)."""
+    def candidates(self, pkey: str, mine: Features, vocab: set[str], limit: int = 20) -> tuple[list[str], str]:
+        """Query keys of entries that pass verification against `mine` (similarity aside), most shared
+        content first; when there are none, the closest entry's refusal."""
         part = self._parts.get(pkey)
         if part is None:
-            return False, "none"
+            return [], "none"
         seen: set[str] = set()
         for w in mine.content:
             seen |= part.postings.get(w, set())
@@ -58,13 +59,17 @@ class LexicalIndex:
         scored = sorted(((content_overlap(mine.content, part.entries[q][1]), q) for q in seen if q in part.entries),
                         reverse=True)
         closest = ""
+        passed: list[str] = []
         for overlap, q in scored:
-            if overlap < INTENT_FLOOR:
+            if overlap < INTENT_FLOOR or len(passed) >= limit:
                 break
             refused = verify(mine, features(part.entries[q][0], vocab), 1.0, vocab)
             if refused is None:
-                return True, ""
-            closest = closest or refused
+                passed.append(q)
+            else:
+                closest = closest or refused
+        if passed:
+            return passed, ""
         if closest:
-            return False, f"verify:{closest}"
-        return False, "verify:intent" if scored else "none"
+            return [], f"verify:{closest}"
+        return [], "verify:intent" if scored else "none"

@@ -56,11 +56,22 @@ class MemoryEvidenceStore:
         self._lru.move_to_end((pkey, qkey))
         return found[0]
 
-    async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float,
-                      limit: int) -> list[tuple[float, Entry]]:
+    async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float, limit: int,
+                      keys: list[str] | None = None) -> list[tuple[float, Entry]]:
         part = self._parts.get(pkey)
         if part is None or not part.vectors:
             return []
+        if keys is not None:
+            scored = sorted(((float(part.vectors[k] @ vector), k) for k in keys if k in part.vectors), reverse=True)
+            now = self._clock()
+            picked: list[tuple[float, Entry]] = []
+            for sim, k in scored:
+                found = self._lru.get((pkey, k))
+                if sim < min_similarity or len(picked) >= limit:
+                    break
+                if found is not None and found[1] > now:
+                    picked.append((sim, found[0]))
+            return picked
         if part.matrix is None:
             part.keys = list(part.vectors)
             part.matrix = np.stack([part.vectors[k] for k in part.keys])

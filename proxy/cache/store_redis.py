@@ -47,10 +47,14 @@ class RedisEvidenceStore:
         raw = await self.client.get(e + qkey)
         return Entry.loads(raw) if raw else None
 
-    async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float,
-                      limit: int) -> list[tuple[float, Entry]]:
+    async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float, limit: int,
+                      keys: list[str] | None = None) -> list[tuple[float, Entry]]:
         e, v, z = _keys(pkey)
-        found: dict[bytes, bytes] = await self.client.hgetall(v)
+        if keys is not None:
+            values = await self.client.hmget(v, keys) if keys else []
+            found: dict[bytes, bytes] = {k.encode(): val for k, val in zip(keys, values, strict=True) if val}
+        else:
+            found = await self.client.hgetall(v)
         if not found:
             return []
         keys = list(found)

@@ -57,15 +57,15 @@ class RedisEvidenceStore:
             found = await self.client.hgetall(v)
         if not found:
             return []
-        keys = list(found)
-        matrix = np.frombuffer(b"".join(found[k] for k in keys), dtype=np.float32).reshape(len(keys), -1)
+        names = list(found)
+        matrix = np.frombuffer(b"".join(found[k] for k in names), dtype=np.float32).reshape(len(names), -1)
         if matrix.shape[1] != vector.shape[0]:
             return []  # vectors of another embedder: nothing comparable
         sims = matrix @ vector.astype(np.float32, copy=False)
         order = [i for i in np.argsort(-sims)[: limit * 2 + 2] if sims[i] >= min_similarity]
         if not order:
             return []
-        qkeys = [keys[i].decode() for i in order]
+        qkeys = [names[i].decode() for i in order]
         blobs = await self.client.mget([e + q for q in qkeys])
         out: list[tuple[float, Entry]] = []
         gone: list[str] = []

@@ -55,6 +55,10 @@ async def test_nearest_stays_inside_the_partition_and_orders_by_similarity(store
     assert found[0][0] > found[1][0] >= 0.5
     assert await store.nearest(pk(), unit(1, 0, 0), 0.0, 3) == []
     assert len(await store.nearest(p, unit(1, 0.1, 0), 0.0, 1)) == 1
+    # restricted to given keys (the lexically verified entries); unknown keys are ignored
+    only = await store.nearest(p, unit(1, 0.1, 0), 0.0, 3, keys=["b", "c", "zz"])
+    assert [e.query for _, e in only] == ["b", "c"]
+    assert await store.nearest(p, unit(1, 0.1, 0), 0.0, 3, keys=[]) == []
 
 
 async def test_versions(store: MemoryEvidenceStore) -> None:

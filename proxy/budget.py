@@ -84,6 +84,8 @@ class Ledger:
     shadow_rejections: dict[str, int] = field(default_factory=dict)
     exhausted: str | None = None
     chunks_seen: int = 0
+    source: str = ""
+    trace_id: str = ""
 
     def used(self, counter: str) -> int:
         return self.counters.get(counter, 0)

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import orjson
@@ -55,7 +55,9 @@ def task_record(ledger: Ledger, *, ended_ms: int, end_reason: str, outcome: Mapp
         "exhausted": ledger.exhausted,
         "outcome": dict(outcome) if outcome is not None else None,
         "end_reason": end_reason,
-        # beyond the contract: useful for the report
+        # beyond the contract: useful for the report and for finding the task's trace
+        "task_source": ledger.source or None,
+        "trace_id": ledger.trace_id or None,
         "would_reject": dict(ledger.shadow_rejections),
         "chunks_seen": ledger.chunks_seen,
         "stalled_retrievals": c.get("stalled", 0),
@@ -115,6 +117,8 @@ class TaskEnder:
         self.idle_ms = int(idle_timeout_s * 1000)
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
         self.sink_failures = 0
+        # called with each ended task's record (task summary span, task metrics); failsafe
+        self.listeners: list[Callable[[dict[str, Any]], object]] = []
 
     async def end(self, task_id: str, outcome: Mapping[str, Any] | None, reason: str = END_EXPLICIT,
                   idle_before_ms: int | None = None) -> dict[str, Any] | None:
@@ -123,6 +127,11 @@ class TaskEnder:
             return None
         ended = self._wall_ms() if reason == END_EXPLICIT else ledger.last_ms
         record = task_record(ledger, ended_ms=ended, end_reason=reason, outcome=outcome)
+        for listener in self.listeners:
+            try:
+                listener(record)
+            except Exception:
+                log.exception("task end listener failed for %r", task_id)
         try:
             await self.sink.append(record)
         except Exception as exc:  # noqa: BLE001 - the task has ended either way; say the record was lost

@@ -58,6 +58,8 @@ class Ticket:
     deadline_ms: int | None = None
     tail_clean: bool = True  # the bytes sent so far end on an SSE event boundary
     response_id: str | None = None  # Responses API streams: the id the closing event must repeat
+    dimension: str | None = None  # the limit that refused (enforce) or would have refused (shadow) the call
+    cost_usd: float | None = None  # settled cost, set in on_end (for metrics)
     cut: str | None = None
 
 
@@ -65,6 +67,8 @@ class BudgetStage:
     def __init__(self, settings: Settings, store: Store, *, meter: Any = None,
                  env: Mapping[str, str] | None = None, wall_ms: Callable[[], int] | None = None,
                  classify: Callable[[str], tuple[str, str]] | None = None) -> None:
+        # `meter` is accepted but unused: budget metrics (rejections by dimension, settled cost) are
+        # recorded by instrumentation.metrics from `ex.state["budget"]` (Ticket) with the call's others.
         self.settings = settings
         self.cfg = settings.budgets
         self.store = store
@@ -77,8 +81,6 @@ class BudgetStage:
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
         self._profiles: OrderedDict[str, Selection] = OrderedDict()
         self._store_down_until = 0
-        self._rejections = meter.create_counter(sc.METRIC_REJECTIONS, unit="{call}",
-                                                description="Calls refused by a budget") if meter else None
 
     # --- before forwarding ------------------------------------------------------------------------
 
@@ -96,19 +98,20 @@ class BudgetStage:
         try:
             async with asyncio.timeout(self.timeout):
                 limits, notes = self._limits(sel.profile, baggage, task_id, now)
-                decision = await self._reserve(task_id, sel, limits, charge, now, ex.route.upstream.name)
+                decision = await self._reserve(ex, sel, limits, charge, now)
                 if decision.profile_conflict:  # another replica chose first: the task keeps its profile
                     sel = Selection(decision.profile_conflict, "task")
                     self._remember(task_id, sel)
                     limits, notes = self._limits(sel.profile, baggage, task_id, now)
-                    decision = await self._reserve(task_id, sel, limits, charge, now, ex.route.upstream.name)
+                    decision = await self._reserve(ex, sel, limits, charge, now)
         except Exception as exc:  # noqa: BLE001 - any store failure: open or closed, never hang
             self._store_down_until = self._wall_ms() + STORE_RETRY_MS
             return self._store_failed(ex, exc, hit)
         if decision.profile_conflict:
             return self._store_failed(ex, RuntimeError("profile conflict did not resolve"), hit)
         shadow = self._shadow(sel.profile)
-        ticket = Ticket(decision.admitted, charge, decision.reservation, limits, sel.profile, shadow)
+        ticket = Ticket(decision.admitted, charge, decision.reservation, limits, sel.profile, shadow,
+                        dimension=decision.dimension)
         ex.state["budget"] = ticket
         self._annotate(ex, sel, notes, decision, charge, now)
         if not decision.admitted:
@@ -151,10 +154,12 @@ class BudgetStage:
         mode = self._profile(profile).mode or self.cfg.mode
         return mode == "shadow"
 
-    async def _reserve(self, task_id: str, sel: Selection, limits: dict[str, int], charge: Charge,
-                       now: int, route: str) -> Decision:
-        meta = TaskMeta(sel.profile, sel.cls, route)
-        return await self.store.reserve(task_id, meta, limits, charge, now, self._shadow(sel.profile))
+    async def _reserve(self, ex: Exchange, sel: Selection, limits: dict[str, int], charge: Charge,
+                       now: int) -> Decision:
+        task = ex.task
+        assert task is not None  # on_request returns early for calls without a task
+        meta = TaskMeta(sel.profile, sel.cls, ex.route.upstream.name, task.source, f"{task.trace_id:032x}")
+        return await self.store.reserve(task.id, meta, limits, charge, now, self._shadow(sel.profile))
 
     def _charge(self, ex: Exchange, cache_hit: bool) -> Charge:
         call, up = ex.call, ex.route.upstream
@@ -234,9 +239,6 @@ class BudgetStage:
                 "dimension": d.dimension, "limit": bm.usd(limit) if d.dimension == "max_cost_usd" else limit,
                 "used": bm.used_value(d.dimension, ledger, charge if d.dimension == "max_prompt_tokens" else None, now),
                 "mode": "shadow" if ticket.shadow else "enforce", "would_reject": ticket.shadow})
-            if self._rejections is not None:
-                self._rejections.add(1, {"dimension": d.dimension, "profile": sel.profile,
-                                         "mode": "shadow" if ticket.shadow else "enforce"})
 
     def _exceeded(self, ex: Exchange, d: Decision, charge: Charge, now: int) -> BudgetExceeded:
         ticket: Ticket = ex.state["budget"]
@@ -336,10 +338,11 @@ class BudgetStage:
                 ex.span.set_attribute(sc.DEGRADED, True)
                 ex.span.add_event(sc.EVENT_DEGRADED, {"reason": f"settle failed: {type(exc).__name__}"})
             return
+        ticket.cost_usd = bm.usd(actual.cost_nusd)
         span = ex.span
         if span is None or not span.is_recording():
             return
-        span.set_attribute(sc.COST_USD, bm.usd(actual.cost_nusd))
+        span.set_attribute(sc.COST_USD, ticket.cost_usd)
         if ledger is not None:
             now = self._wall_ms()
             left = bm.remaining(ticket.limits, ledger, None, now)

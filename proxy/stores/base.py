@@ -22,6 +22,8 @@ class TaskMeta:
     profile: str
     cls: str = ""
     route: str = ""
+    source: str = ""  # the task identity rule (model.SOURCE_*)
+    trace_id: str = ""  # 32 hex digits: the trace the task's calls go to (for the task summary)
 
 
 @dataclass(frozen=True, slots=True)

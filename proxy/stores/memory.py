@@ -35,7 +35,8 @@ class MemoryStore:
                       now_ms: int, shadow: bool = False) -> Decision:
         task = self._tasks.get(task_id)
         if task is None:
-            task = _Task(Ledger(task_id, meta.profile, meta.cls, meta.route, started_ms=now_ms, last_ms=now_ms))
+            task = _Task(Ledger(task_id, meta.profile, meta.cls, meta.route, started_ms=now_ms, last_ms=now_ms,
+                                source=meta.source, trace_id=meta.trace_id))
             self._tasks[task_id] = task
             while len(self._tasks) > self._max_tasks:
                 self._tasks.popitem(last=False)
@@ -120,4 +121,4 @@ def _idle(ledger: Ledger, idle_before_ms: int) -> bool:
 def _copy(ledger: Ledger) -> Ledger:
     return Ledger(ledger.task_id, ledger.profile, ledger.cls, ledger.route, ledger.started_ms, ledger.last_ms,
                   dict(ledger.counters), dict(ledger.rejections), dict(ledger.shadow_rejections),
-                  ledger.exhausted, ledger.chunks_seen)
+                  ledger.exhausted, ledger.chunks_seen, ledger.source, ledger.trace_id)

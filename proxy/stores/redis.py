@@ -29,7 +29,7 @@ from .base import Decision, TaskMeta
 STALE_INFLIGHT_MS = 15 * 60 * 1000
 MAX_LOCAL_TASKS = 200_000
 MAX_IN_FLIGHT = 64  # store commands in flight per process; more wait (within the caller's timeout)
-_TEXT_FIELDS = frozenset({"task_id", "profile", "class", "route", "exhausted"})
+_TEXT_FIELDS = frozenset({"task_id", "profile", "class", "route", "exhausted", "source", "trace_id"})
 
 
 def _script(name: str) -> tuple[str, str]:
@@ -109,6 +109,7 @@ class RedisStore:
             charge.cost_reserve, 1 if charge.cache_hit else 0,
         ]
         args.extend(limits.get(d, -1) for d in DIMENSIONS)
+        args.extend((meta.source, meta.trace_id))
         out = await self._run(self._reserve, (h, q, c), args)
         self._touch(task_id, now_ms)
         status = out[0].decode()
@@ -190,6 +191,10 @@ def _ledger(task_id: str, flat: list[bytes]) -> Ledger:
                 ledger.cls = text
             elif key == "route":
                 ledger.route = text
+            elif key == "source":
+                ledger.source = text
+            elif key == "trace_id":
+                ledger.trace_id = text
             else:
                 ledger.exhausted = text or None
         elif key == "started_ms":

@@ -17,6 +17,7 @@ from ragtoll.proxy.model import Call, TaskRef
 from ragtoll.proxy.pipeline import Exchange
 from ragtoll.proxy.routing import Router
 from ragtoll.proxy.stages.budget import BudgetStage, stream_end
+from ragtoll.proxy.stores.base import TaskMeta as TaskMetaForTest
 from ragtoll.proxy.stores.memory import MemoryStore
 
 LLM = Charge(steps=1, context_tokens=100, prompt_tokens=100, completion_reserve=50)
@@ -291,3 +292,33 @@ async def test_a_hanging_store_never_hangs_the_call(mode: str) -> None:
             with pytest.raises(StoreUnavailable):
                 await asyncio.wait_for(stage.on_request(ex), 5)
     assert HangingStore.reserves == 1  # the second call did not wait on the store again
+
+
+async def test_task_ender_writes_once_and_tells_listeners() -> None:
+    from ragtoll.proxy.records import TaskEnder
+
+    class Sink:
+        def __init__(self) -> None:
+            self.records: list[dict[str, Any]] = []
+
+        async def append(self, record: Any) -> None:
+            self.records.append(dict(record))
+
+    def broken(record: dict[str, Any]) -> None:
+        raise RuntimeError("telemetry hook bug")
+
+    store, sink, seen = MemoryStore(), Sink(), []
+    ender = TaskEnder(store, sink, idle_timeout_s=1.0, wall_ms=lambda: 50_000)
+    ender.listeners += [broken, seen.append]
+    meta = TaskMetaForTest("p", "", "openai", "header", "ab" * 16)
+    done = await store.reserve("a", meta, {}, Charge(steps=1), 10_000)
+    await store.settle("a", done.reservation, bm.Actual(), 10_000)
+    await store.reserve("b", meta, {}, Charge(steps=1), 49_500)
+    d = await store.reserve("c", meta, {}, Charge(steps=1), 10_000)  # still in flight: not idle
+    assert d.admitted
+    assert await ender.sweep() == 1
+    assert [r["task_id"] for r in sink.records] == ["a"] and seen == sink.records
+    record = sink.records[0]
+    assert (record["end_reason"], record["task_source"], record["trace_id"]) == ("idle", "header", "ab" * 16)
+    assert record["ended_at"] == record["started_at"] and record["duration_ms"] == 0
+    assert await ender.end("a", None) is None  # exactly once

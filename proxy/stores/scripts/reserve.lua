@@ -4,7 +4,7 @@
 -- ARGV: 1 task_id 2 profile 3 class 4 route 5 now_ms 6 ttl_s 7 shadow(0|1) 8 query_key ('' = none)
 --       9 steps 10 calls 11 retrieval_calls 12 rerank_calls 13 context_tokens 14 prompt_tokens
 --       15 completion_reserve 16 cost_certain 17 cost_reserve 18 cache_hit(0|1)
---       19..29 limits in DIMENSIONS order (-1 = unlimited)
+--       19..29 limits in DIMENSIONS order (-1 = unlimited) 30 task source 31 trace id (hex)
 -- Returns {'conflict', stored_profile} | {'reject'|'ok', dimension|'', new_query(0|1), HGETALL...}
 local h, q, c = KEYS[1], KEYS[2], KEYS[3]
 local now = tonumber(ARGV[5])
@@ -15,7 +15,7 @@ local qk = ARGV[8]
 local profile = redis.call('HGET', h, 'profile')
 if not profile then
   redis.call('HSET', h, 'task_id', ARGV[1], 'profile', ARGV[2], 'class', ARGV[3], 'route', ARGV[4],
-             'started_ms', now)
+             'started_ms', now, 'source', ARGV[30], 'trace_id', ARGV[31])
 elseif profile ~= ARGV[2] then
   return {'conflict', profile}
 end

@@ -406,3 +406,14 @@ def test_external_authz_reconfirms_every_serve_and_fails_closed(cache_proxy: Any
     reasons = [a.get(sc.CACHE_REASON) for a in cache_attrs(telemetry)]
     assert reasons[2] == "authz:denied" and reasons[-1] == "authz:unavailable"
     assert authz.asked >= 2
+
+
+def test_cache_control_from_the_caller(cache_proxy: Any, retriever: Any, telemetry: Any) -> None:
+    _, app = retriever
+    with cache_proxy() as base:
+        search(base, "handbook", ALICE, **{"cache-control": "no-store"})  # answered, not filed
+        fresh = search(base, "handbook", ALICE, **{"cache-control": "no-cache"})  # not served, but filed
+        cached = search(base, "handbook", ALICE)
+    assert "x-ragtoll-cache" not in fresh.headers and cached.headers["x-ragtoll-cache"] == "hit; tier=exact"
+    assert app.calls == 2
+    assert [a.get(sc.CACHE_REASON) for a in cache_attrs(telemetry)][1] == "no-cache"

@@ -142,7 +142,8 @@ def round_trips(redis_port: int, rt_port: int, n: int) -> dict[str, object]:
     setup = [x for x in names if x in ("hello", "client", "select", "auth")]
     per_call = [x for x in names if x not in setup]
     return {"calls": 2 * n, "client_commands": len(per_call), "per_call": len(per_call) / (2 * n),
-            "order_reserve_then_settle": per_call == ["reserve", "settle"] * (2 * n),
+            # settle runs after the response is sent, so call i's settle may land after call i+1's reserve
+            "reserves": per_call.count("reserve"), "settles": per_call.count("settle"),
             "connection_setup_commands": len(setup), "kinds": sorted(set(names))}
 
 
@@ -182,8 +183,8 @@ def main() -> None:
                 print(f"{kind:<8}{name:<8}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}"
                       f"{r['added_over_core_p50_ms']:>14.3f}{r['added_over_core_p99_ms']:>14.3f}")
         print(f"Redis round trips per call: {trips['per_call']:.2f} ({trips['client_commands']} client commands "
-              f"for {trips['calls']} calls; reserve-then-settle order: {trips['order_reserve_then_settle']}; "
-              f"commands seen: {', '.join(trips['kinds'])})")  # type: ignore[arg-type]
+              f"for {trips['calls']} calls: {trips['reserves']} reserve, {trips['settles']} settle; "
+              f"connection setup {trips['connection_setup_commands']})")
         out = HERE / "results"
         out.mkdir(exist_ok=True)
         (out / "budgets.json").write_text(json.dumps(results, indent=2))

@@ -16,6 +16,7 @@ import orjson
 import pytest
 from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
 from ragtoll.instrumentation import semconv as sc
+from ragtoll.proxy.admin import OPENAPI
 from ragtoll.proxy.stages.identify import derived_trace_id
 
 CHAT = "/v1/chat/completions"
@@ -359,6 +360,9 @@ def test_admin_ledger_and_end_with_outcome_writes_one_record(proxy: ProxyFactory
                      "completion_tokens", "cost_usd", "cache_hits", "rejections", "exhausted", "outcome",
                      "end_reason"}
     assert expected_keys <= set(record)
+    schemas = OPENAPI["components"]["schemas"]
+    assert set(schemas["TaskRecord"]["required"]) == expected_keys  # the published schema is the contract
+    assert set(ledger) == set(schemas["Ledger"]["properties"])
     assert (record["task_id"], record["profile"], record["steps"], record["calls"], record["retrieval_calls"],
             record["unique_queries"]) == (t, "p", 2, 3, 1, 1)
     assert record["completion_tokens"] == 6  # settled to the upstream's usage (3 per call), not the reservation

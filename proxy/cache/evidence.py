@@ -27,6 +27,8 @@ from .verify import features, verify
 from .versions import Versions
 
 MAX_VOCAB = 2_000  # filter-like words remembered per partition
+SYNC_INTERVAL_S = 0.25  # how often a replica pulls other replicas' new entries of a partition
+SYNC_OVERLAP_S = 5.0
 
 
 @dataclass(slots=True)
@@ -85,6 +87,9 @@ class EvidenceCache:
         # stores, whose entries other replicas wrote are not in this index.
         self.prefilter = prefilter and verify_candidates
         self._lex = LexicalIndex()
+        # a shared store (Redis): entries other replicas filed reach this index through `recent`
+        self._shared = bool(getattr(store, "shared", False))
+        self._synced: OrderedDict[str, tuple[float, float]] = OrderedDict()  # pkey -> (newest seen, checked at)
 
     async def partition(self, q: Query) -> Partition:
         version = await self.versions.current(q.route)
@@ -122,6 +127,8 @@ class EvidenceCache:
         vocab = self._partition_vocab(pkey) | filter_words(q.filters)
         mine = features(lk.norm, vocab)
         keys: list[str] | None = None
+        if self.prefilter and self._shared:
+            await self._sync(pkey)
         if self.prefilter:
             # only entries that could verify are compared: near misses that embed closer than a
             # paraphrase never crowd it out of the candidate list
@@ -184,6 +191,21 @@ class EvidenceCache:
         if self.prefilter and vector is not None:
             self._lex.add(part.key, key, lk.norm, features(lk.norm).content)
         return part
+
+    async def _sync(self, pkey: str) -> None:
+        newest, checked = self._synced.get(pkey, (0.0, 0.0))
+        now = time.monotonic()
+        if now - checked < SYNC_INTERVAL_S:
+            return
+        # overlap the window: replicas' clocks differ a little, and adding twice is harmless
+        rows = await self.store.recent(pkey, max(0.0, newest - SYNC_OVERLAP_S))
+        for qkey, query, filed in rows:
+            self._lex.add(pkey, qkey, query, features(query).content)
+            newest = max(newest, filed)
+        self._synced[pkey] = (newest, now)
+        self._synced.move_to_end(pkey)
+        while len(self._synced) > 10_000:
+            self._synced.popitem(last=False)
 
     def _learn(self, pkey: str, words: Sequence[str]) -> None:
         known = self._vocab.get(pkey)

@@ -28,6 +28,8 @@ class _Partition:
 
 
 class MemoryEvidenceStore:
+    shared = False  # one process: the cache's lexical index already holds every entry
+
     def __init__(self, max_entries: int = 50_000, max_bytes: int = 256 * 1024 * 1024,
                  max_partition_entries: int = 5_000, clock: Callable[[], float] = time.monotonic) -> None:
         self.max_entries = max_entries
@@ -119,6 +121,9 @@ class MemoryEvidenceStore:
                 del self._parts[key[0]]
         if found is not None:
             self._bytes -= found[0].size() + (vec.nbytes if vec is not None else 0)
+
+    async def recent(self, pkey: str, since: float, limit: int = 1000) -> list[tuple[str, str, float]]:
+        return []
 
     async def get_version(self, source: str) -> str | None:
         found = self._versions.get(source)

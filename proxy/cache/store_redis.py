@@ -25,6 +25,10 @@ def _keys(pkey: str) -> tuple[str, str, str]:
     return base + "e:", base + "v", base + "z"
 
 
+def _texts(pkey: str) -> str:
+    return f"ragtoll:{{c:{pkey}}}:q"  # query key -> normalised query, for other replicas' lexical index
+
+
 def make_client(url: str, timeout_s: float = 0.25) -> Any:
     common: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     if url.startswith("redis+cluster://"):
@@ -33,6 +37,8 @@ def make_client(url: str, timeout_s: float = 0.25) -> Any:
 
 
 class RedisEvidenceStore:
+    shared = True  # other replicas write here too: lexical indexes sync through `recent`
+
     def __init__(self, client: Any, max_partition_entries: int = 5_000, owns_client: bool = True) -> None:
         self.client = client
         self.max_partition_entries = max_partition_entries
@@ -88,6 +94,8 @@ class RedisEvidenceStore:
         if vector is not None:
             pipe.hset(v, qkey, vector.astype(np.float32, copy=False).tobytes())
             pipe.expire(v, ttl_s)
+            pipe.hset(_texts(pkey), qkey, entry.query)
+            pipe.expire(_texts(pkey), ttl_s)
             pipe.zadd(z, {qkey: time.time()})
             pipe.expire(z, ttl_s)
             pipe.zcard(z)
@@ -98,8 +106,19 @@ class RedisEvidenceStore:
             if drop:
                 pipe = self.client.pipeline(transaction=False)
                 pipe.hdel(v, *drop)
+                pipe.hdel(_texts(pkey), *drop)
                 pipe.delete(*[e + q for q in drop])
                 await pipe.execute()
+
+    async def recent(self, pkey: str, since: float, limit: int = 1000) -> list[tuple[str, str, float]]:
+        """(query key, normalised query, time filed) of vectors filed after `since`, oldest first."""
+        _, _, z = _keys(pkey)
+        rows = await self.client.zrangebyscore(z, f"({since}", "+inf", start=0, num=limit, withscores=True)
+        if not rows:
+            return []
+        qkeys = [m.decode() if isinstance(m, bytes) else m for m, _ in rows]
+        texts = await self.client.hmget(_texts(pkey), qkeys)
+        return [(q, t.decode(), float(score)) for q, t, (_, score) in zip(qkeys, texts, rows, strict=True) if t]
 
     async def get_version(self, source: str) -> str | None:
         raw = await self.client.get(f"ragtoll:{{v:{source}}}:version")

@@ -86,9 +86,7 @@ class EvidenceStage:
         self.auditor = Auditor(cfg.audit_fraction, cfg.similarity, cfg.audit_target, cfg.audit_step)
         self.cache = EvidenceCache(store, embedder=embedder, versions=Versions(store, cfg.sources),
                                    similarity=cfg.similarity, candidates=cfg.candidates, ttl_s=cfg.ttl_s,
-                                   public=cfg.acl_public, authz=authz, auditor=self.auditor,
-                                   # the lexical prefilter only knows this replica's entries
-                                   prefilter=isinstance(store, MemoryEvidenceStore))
+                                   public=cfg.acl_public, authz=authz, auditor=self.auditor)
         tp = tracer_provider or trace.get_tracer_provider()
         self._tracer = tp.get_tracer("ragtoll.proxy.cache")
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("ragtoll.proxy.cache")

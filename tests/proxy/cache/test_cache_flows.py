@@ -129,3 +129,20 @@ async def test_raised_threshold_applies_to_the_partition(model: LocalModel) -> N
     assert hit.hit and hit.similarity is not None
     cache.auditor._raised[hit.partition.source] = min(0.99, hit.similarity + 0.01)
     assert not (await ask(cache, "refund window for yearly pro plans")).hit
+
+
+async def test_two_replicas_on_one_redis_share_semantic_hits(model: LocalModel, redis_url: str) -> None:
+    from ragtoll.proxy.cache.store_redis import RedisEvidenceStore
+
+    stores = [RedisEvidenceStore.from_url(redis_url), RedisEvidenceStore.from_url(redis_url)]
+    try:
+        a, b = (EvidenceCache(s, embedder=CachedEmbedder(LocalEmbedder(model)), similarity=0.85) for s in stores)
+        tag = f"tag{random.randrange(10**9)}"  # a fresh partition on the shared server
+        await fill(a, f"refund window for annual pro plans {tag}", ["x"], filters={"t": tag})
+        hit = await ask(b, f"refund window for yearly pro plans {tag}", filters={"t": tag})
+        assert hit.hit and hit.tier == "semantic" and hit.entry is not None and hit.entry.chunk_ids == ("x",)
+        near = await ask(b, f"refund window for monthly pro plans {tag}", filters={"t": tag})
+        assert not near.hit and near.reason == "verify:date" and near.vector is None  # no embedding on that miss
+    finally:
+        for s in stores:
+            await s.aclose()

@@ -19,8 +19,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from ...instrumentation import semconv as sc
 from .. import budget as bm
 from ..budget import Actual, Charge, Ledger, Reservation, Selection
@@ -320,8 +318,8 @@ class BudgetStage:
                 end, width = crlf, 4
             prefix = chunk[: end + width] if end >= 0 else b"\n\n"
         model = ex.observation.response_model or ex.call.model
-        return prefix + stream_end(ex.route.adapter.error_style, model, seen, ex.target.split("?", 1)[0],
-                                   ticket.response_id)
+        return prefix + bm.stream_end(ex.route.adapter.error_style, model, seen, ex.target.split("?", 1)[0],
+                                      ticket.response_id, self._wall_ms() // 1000)
 
     # --- after the response ------------------------------------------------------------------------
 
@@ -379,32 +377,6 @@ class BudgetStage:
         if ticket.charge.completion_reserve == 0:
             context, completion = 0, 0  # not an LLM call: its tokens are not the task's context
         return Actual(context, completion, cost, chunks)
-
-
-def stream_end(style: str, model: str | None, seen: int, path: str = "/chat/completions",
-               response_id: str | None = None) -> bytes:
-    """Bytes that end an SSE stream cleanly, as if the model had hit its output token limit, in
-    the stream's own dialect: Anthropic Messages, OpenAI Responses, legacy completions or chat."""
-    now = int(time.time())
-    if style == "anthropic":
-        delta = {"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
-                 "usage": {"output_tokens": seen}}
-        return (b"event: message_delta\ndata: " + orjson.dumps(delta) + b"\n\n"
-                b"event: message_stop\ndata: " + orjson.dumps({"type": "message_stop"}) + b"\n\n")
-    if path.endswith("/responses"):
-        response = {"id": response_id or "resp_ragtoll_budget", "object": "response", "created_at": now, "model": model or "",
-                    "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
-                    "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None}
-        # no `output`: the SDK's stream accumulator then fills in the items that did stream
-        event = {"type": "response.incomplete", "sequence_number": 1_000_000, "response": response}
-        return b"event: response.incomplete\ndata: " + orjson.dumps(event) + b"\n\n"
-    if path.endswith("/completions") and not path.endswith("/chat/completions"):
-        chunk = {"id": "cmpl-ragtoll-budget", "object": "text_completion", "created": now, "model": model or "",
-                 "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]}
-    else:
-        chunk = {"id": "chatcmpl-ragtoll-budget", "object": "chat.completion.chunk", "created": now,
-                 "model": model or "", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
-    return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
 
 
 def _safe_store_name(url: str) -> str:

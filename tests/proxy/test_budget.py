@@ -16,7 +16,7 @@ from ragtoll.proxy.errors import StoreUnavailable
 from ragtoll.proxy.model import Call, TaskRef
 from ragtoll.proxy.pipeline import Exchange
 from ragtoll.proxy.routing import Router
-from ragtoll.proxy.stages.budget import BudgetStage, stream_end
+from ragtoll.proxy.stages.budget import BudgetStage
 from ragtoll.proxy.stores.base import TaskMeta as TaskMetaForTest
 from ragtoll.proxy.stores.memory import MemoryStore
 
@@ -261,7 +261,7 @@ async def test_stream_cut_finishes_the_event_the_client_is_in() -> None:
 
 
 def test_anthropic_stream_end_shape() -> None:
-    raw = stream_end("anthropic", "claude", 7)
+    raw = bm.stream_end("anthropic", "claude", 7)
     events = [e.split(b"\n") for e in raw.split(b"\n\n") if e]
     assert [e[0] for e in events] == [b"event: message_delta", b"event: message_stop"]
     delta = orjson.loads(events[0][1][6:])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from urllib.parse import quote
 from typing import Any
 
 import httpx
@@ -45,7 +46,7 @@ BUDGETS = {"default_profile": "p", "profiles": {"p": {"max_steps": 50, "max_comp
 
 
 def ledger(http: httpx.Client, base: str, task: str) -> dict[str, Any]:
-    r = http.get(f"{base}/admin/tasks/{task}", headers={"authorization": f"Bearer {TOKEN}"})
+    r = http.get(f"{base}/admin/tasks/{quote(task, safe='')}", headers={"authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 200, r.text
     return dict(r.json())
 

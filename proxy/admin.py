@@ -82,7 +82,8 @@ class AdminApi:
             Route("/admin/tasks/{task_id:path}", self.get_task, methods=["GET"]),
         ]
 
-    def _denied(self, request: Request) -> Response | None:
+    def unauthorized(self, request: Request) -> Response | None:
+        """The 401 for a request without the admin bearer token, else None. Shared by every admin route."""
         if self._token is None:
             return _error(401, "admin_disabled", "the admin API is off: set the token in "
                           f"${self.settings.admin.token_env} or admin.token_file")
@@ -92,6 +93,11 @@ class AdminApi:
                                                     "message": "a valid bearer token is required"}}),
                             status_code=401, media_type="application/json",
                             headers={"www-authenticate": 'Bearer realm="ragtoll-admin"'})
+        return None
+
+    def _denied(self, request: Request) -> Response | None:
+        if (refused := self.unauthorized(request)) is not None:
+            return refused
         if self.ender is None:
             return _error(503, "starting", "the proxy is starting")
         return None

@@ -8,24 +8,32 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
 from typing import Any
 
 from opentelemetry import metrics, trace
+from ragtoll.instrumentation import semconv as sc
+from ragtoll.instrumentation.metrics import Metrics, PrometheusReader, render_prometheus
+from ragtoll.instrumentation.task_span import emit_task_span
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
 
-from . import __version__
+from . import __version__, tokens
 from .admin import AdminApi
+from .cache.admin import version_endpoint
 from .config import Settings
 from .errors import NotFound, render
-from .pipeline import Pipeline, Receive, Scope, Send, Stage
+from .pipeline import Exchange, Pipeline, Receive, Scope, Send, Stage
 from .records import TaskEnder, open_sink
 from .routing import Router
-from .stages.budget import BudgetStage
-from .stages.identify import Identifier
+from .stages.budget import BudgetStage, Ticket
+from .stages.evidence import EvidenceStage
+from .stages.identify import Identifier, derived_span_id
 from .stages.settle import SettleStage
 from .stores import Store, open_store
 from .upstream import UpstreamClient
@@ -33,9 +41,12 @@ from .upstream import UpstreamClient
 TRACER_NAME = "ragtoll.proxy"
 
 
-def build_stages(settings: Settings, store: Store | None = None, meter: Any = None) -> list[Stage]:
+def build_stages(settings: Settings, store: Store | None = None, meter: Any = None,
+                 evidence: EvidenceStage | None = None) -> list[Stage]:
     """The ordered stage list (DESIGN.md): evidence cache, then budget, then settle."""
     stages: list[Stage] = []
+    if evidence is not None:
+        stages.append(evidence)
     if store is not None and settings.budgets.enabled:
         stages.append(BudgetStage(settings, store, meter=meter))
     stages.append(SettleStage(settings))
@@ -49,8 +60,12 @@ class RagtollApp:
         *,
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
+        prometheus: PrometheusReader | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
+        self.env = os.environ if env is None else env
+        self.prometheus = prometheus
         self.tracer_provider = tracer_provider or trace.get_tracer_provider()
         self.meter_provider = meter_provider or metrics.get_meter_provider()
         self.tracer = self.tracer_provider.get_tracer(TRACER_NAME, __version__)
@@ -58,12 +73,25 @@ class RagtollApp:
         self.identifier = Identifier(settings.tasks)
         self.pipeline: Pipeline | None = None
         self.store: Store | None = None
-        self.admin = AdminApi(settings)
+        self.admin = AdminApi(settings, env=self.env)
+        self.metrics = Metrics(self.meter_provider, upstreams=[u.name for u in settings.upstreams],
+                               profiles=list(settings.budgets.profiles), version=__version__)
+        # With a budget stage present it serves cache hits after charging them; alone, the cache does.
+        self.evidence = EvidenceStage(settings, tracer_provider=self.tracer_provider,
+                                      meter_provider=self.meter_provider, env=self.env,
+                                      serve_hits=not settings.budgets.enabled) if settings.cache.enabled else None
+        extra: list[HttpRoute] = []
+        if self.evidence is not None:
+            extra.append(HttpRoute("/admin/sources/{name}/version",
+                                   version_endpoint(self.evidence.set_source_version, self.admin.unauthorized),
+                                   methods=["POST"]))
         self.starlette = Starlette(
             routes=[
                 HttpRoute("/healthz", self.healthz, methods=["GET", "HEAD"]),
                 HttpRoute("/readyz", self.readyz, methods=["GET", "HEAD"]),
+                HttpRoute("/metrics", self.metrics_text, methods=["GET"]),
                 *self.admin.routes(),
+                *extra,
                 HttpRoute("/{path:path}", self.not_found,
                           methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
             ],
@@ -78,11 +106,15 @@ class RagtollApp:
         store = open_store(self.settings)
         self.store = store
         meter = self.meter_provider.get_meter(TRACER_NAME, __version__)
+        # Build the token encodings now, not on the first LLM call (about 0.3 s).
+        await asyncio.get_running_loop().run_in_executor(None, tokens.warm)
         self.pipeline = Pipeline(
-            self.settings, self.router, client, build_stages(self.settings, store, meter), self.identifier, self.tracer
+            self.settings, self.router, client, build_stages(self.settings, store, meter, self.evidence),
+            self.identifier, self.tracer, on_end=self._record_call,
         )
         ender = TaskEnder(store, open_sink(store, self.settings.budgets.records_file),
                           self.settings.tasks.idle_timeout_s)
+        ender.listeners.append(self._task_ended)
         self.admin.ender = ender
         sweeper = asyncio.get_running_loop().create_task(_sweep(ender, self.settings.tasks.idle_timeout_s))
         try:
@@ -96,6 +128,8 @@ class RagtollApp:
             await client.aclose()
             self.store = None
             await store.aclose()
+            if self.evidence is not None:
+                await self.evidence.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.pipeline is not None:
@@ -123,6 +157,52 @@ class RagtollApp:
                                 status_code=503)
         return JSONResponse({"status": "ready", "store": store})
 
+    async def metrics_text(self, request: Request) -> Response:
+        if self.prometheus is None:
+            return Response(render(NotFound("Prometheus metrics are not enabled (ragtoll serve enables them)")),
+                            status_code=404, media_type="application/json")
+        body, content_type = render_prometheus(self.prometheus, request.headers.get("accept", ""))
+        return Response(body, media_type=content_type)
+
+    def _record_call(self, ex: Exchange) -> None:
+        """Metrics of one finished call (the pipeline's failsafe end hook)."""
+        ticket: Ticket | None = ex.state.get("budget")
+        usage = ex.observation.usage
+        hit = ex.state.get("cache_hit")
+        cache_result = ex.state.get("cache_result")
+        self.metrics.record_call(
+            operation=ex.call.operation, provider=ex.route.upstream.api, upstream=ex.route.upstream.name,
+            kind=ex.route.upstream.kind, outcome="cache_hit" if hit is not None and ex.outcome == "ok" else ex.outcome,
+            duration_s=time.perf_counter() - ex.started, upstream_s=ex.upstream_seconds,
+            request_model=ex.call.model, response_model=ex.observation.response_model,
+            input_tokens=usage.input_tokens if usage else None, output_tokens=usage.output_tokens if usage else None,
+            cost_usd=ticket.cost_usd if ticket else None,
+            error_type=ex.error.code if ex.error is not None else None,
+            rejected_dimension=ticket.dimension if ticket and (not ticket.admitted or ticket.shadow) else None,
+            budget_mode=("shadow" if ticket.shadow else "enforce") if ticket else None,
+            cache_result=cache_result, cache_tier=getattr(hit, "tier", None),
+        )
+
+    def _task_ended(self, record: dict[str, Any]) -> None:
+        """A task ended: its `ragtoll.task` summary span (in the task's trace) and task metrics."""
+        self.metrics.record_task_end(cost_usd=record["cost_usd"], calls=record["calls"], profile=record["profile"],
+                                     exceeded=bool(record["exhausted"]), reason=record["end_reason"])
+        if not record.get("trace_id") or not record.get("started_at"):
+            return
+        task_id = record["task_id"]
+        named_by_caller = record.get("task_source") == "traceparent"
+        attrs = {sc.TASK_SOURCE: record.get("task_source") or "", sc.PROFILE: record["profile"] or "",
+                 sc.COST_USD: record["cost_usd"], sc.TASK_CALLS: record["calls"],
+                 sc.BUDGET_EXCEEDED: bool(record["exhausted"]), sc.TASK_END_REASON: record["end_reason"]}
+        if record["exhausted"]:
+            attrs[sc.BUDGET_EXCEEDED_DIMENSION] = record["exhausted"]
+        emit_task_span(
+            self.tracer_provider, task_id, int(record["trace_id"], 16),
+            None if named_by_caller else derived_span_id(task_id),
+            _epoch_ns(record["started_at"]), _epoch_ns(record["ended_at"]) if record.get("ended_at") else time.time_ns(),
+            attrs, error=f"budget exceeded: {record['exhausted']}" if record["exhausted"] else None,
+        )
+
     async def not_found(self, request: Request) -> Response:
         error = self.router.not_found(request.url.path)
         return Response(render(error), status_code=error.status, media_type="application/json")
@@ -139,6 +219,10 @@ async def _sweep(ender: TaskEnder, idle_timeout_s: float) -> None:
             continue
 
 
+def _epoch_ns(iso: str) -> int:
+    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1e9)
+
+
 async def _json(send: Send, status: int, body: bytes) -> None:
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
@@ -150,6 +234,14 @@ def build_app(
     *,
     tracer_provider: trace.TracerProvider | None = None,
     meter_provider: metrics.MeterProvider | None = None,
+    prometheus: PrometheusReader | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Any:
-    """The ASGI app for `settings`. Providers default to the global ones (`instrumentation.setup`)."""
-    return RagtollApp(settings, tracer_provider=tracer_provider, meter_provider=meter_provider)
+    """The ASGI app for `settings`.
+
+    Providers default to the global ones (`instrumentation.setup`). `prometheus` is the reader
+    `GET /metrics` renders (it must be one of `meter_provider`'s readers). `env` is where secrets
+    named by config (admin token, JWT secret, HMAC key) are read; default `os.environ`.
+    """
+    return RagtollApp(settings, tracer_provider=tracer_provider, meter_provider=meter_provider,
+                      prometheus=prometheus, env=env)

@@ -94,11 +94,14 @@ def _serve(args: argparse.Namespace) -> int:
     if args.host or args.port:
         server = dataclasses.replace(server, host=args.host or server.host, port=args.port or server.port)
         settings = dataclasses.replace(settings, server=server)
+    from ragtoll.instrumentation.metrics import prometheus_reader
+
+    prometheus = prometheus_reader()
     tracer_provider = setup.tracer_provider(os.environ, settings.telemetry.service_name)
-    meter_provider = setup.meter_provider(os.environ, settings.telemetry.service_name)
+    meter_provider = setup.meter_provider(os.environ, settings.telemetry.service_name, extra_readers=(prometheus,))
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
-    app = build_app(settings, tracer_provider=tracer_provider, meter_provider=meter_provider)
+    app = build_app(settings, tracer_provider=tracer_provider, meter_provider=meter_provider, prometheus=prometheus)
     print(f"ragtoll listening on http://{server.host}:{server.port} "
           f"({len(settings.upstreams)} upstream(s), store {settings.store})", file=sys.stderr)
     uvicorn.run(

@@ -115,6 +115,7 @@ class Pipeline:
         stages: list[Stage],
         identifier: Identifier,
         tracer: trace.Tracer,
+        on_end: Callable[[Exchange], None] | None = None,
     ) -> None:
         self.settings = settings
         self.router = router
@@ -125,6 +126,7 @@ class Pipeline:
         self._chunk_hooks = [s for s in stages if hasattr(s, "on_chunk")]
         self._response_hooks = [s for s in stages if hasattr(s, "on_response")]
         self._max_body = settings.server.max_body_bytes
+        self._on_end = on_end  # per-call metrics; failsafe
 
     async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
         raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
@@ -246,6 +248,11 @@ class Pipeline:
                 except Exception as exc:  # failsafe: a stage's bookkeeping never fails the call
                     span.record_exception(exc)
             _finish_span(span, ex)
+            if self._on_end is not None:
+                try:
+                    self._on_end(ex)
+                except Exception as exc:  # failsafe, as above
+                    span.record_exception(exc)
 
     @staticmethod
     def _watch(ex: Exchange, receive: Receive) -> None:

@@ -1,12 +1,11 @@
 """`POST /admin/sources/{name}/version`: the ingestion pipeline announces a new source version.
 
-Body `{"version": "<1-128 printable ASCII>"}`; bearer token from `admin.token_env`/`token_file`.
-With no token configured the route refuses everything (403): an admin API is never open by default.
+Body `{"version": "<1-128 printable ASCII>"}`; guarded by the admin API's bearer token check, so
+with no token configured the route refuses everything: an admin API is never open by default.
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -17,13 +16,13 @@ from starlette.responses import Response
 SetVersion = Callable[[str, str], Awaitable[None]]
 
 
-def version_endpoint(set_version: SetVersion, token: str | None) -> Callable[[Request], Awaitable[Response]]:
+def version_endpoint(set_version: SetVersion,
+                     unauthorized: Callable[[Request], Response | None]) -> Callable[[Request], Awaitable[Response]]:
+    """`unauthorized` is the admin API's token check (`AdminApi.unauthorized`)."""
+
     async def endpoint(request: Request) -> Response:
-        given = request.headers.get("authorization", "")
-        if not token:
-            return _error(403, "admin_disabled", "no admin token is configured (admin.token_env)")
-        if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return _error(401, "admin_unauthorized", "a valid admin bearer token is required")
+        if (refused := unauthorized(request)) is not None:
+            return refused
         name = request.path_params["name"]
         try:
             doc: Any = orjson.loads(await request.body())

@@ -90,8 +90,6 @@ class EvidenceStage:
         tp = tracer_provider or trace.get_tracer_provider()
         self._tracer = tp.get_tracer("ragtoll.proxy.cache")
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("ragtoll.proxy.cache")
-        self._lookups = meter.create_counter(sc.METRIC_CACHE_LOOKUPS, unit="{lookup}",
-                                             description="Evidence cache lookups by result and tier")
         self._audits = meter.create_counter(sc.METRIC_CACHE_AUDITS, unit="{audit}",
                                             description="Semantic hits re-run upstream, by agreement")
         self._background: set[asyncio.Task[None]] = set()
@@ -270,13 +268,12 @@ class EvidenceStage:
             attrs[sc.CACHE_THRESHOLD] = self.auditor.threshold(part.source)
         if ex.span is not None:
             ex.span.set_attributes(attrs)
-        self._lookups.add(1, {sc.CACHE_RESULT: result, sc.CACHE_TIER: tier or "none",
-                              sc.UPSTREAM: ex.route.upstream.name})
+        ex.state["cache_result"] = result  # counted with the call's other metrics (instrumentation.metrics)
 
     def _bypass(self, ex: Exchange, reason: str) -> None:
         if ex.span is not None:
             ex.span.set_attributes({sc.CACHE_RESULT: "bypass", sc.CACHE_HIT: False, sc.CACHE_REASON: reason})
-        self._lookups.add(1, {sc.CACHE_RESULT: "bypass", sc.CACHE_TIER: "none", sc.UPSTREAM: ex.route.upstream.name})
+        ex.state["cache_result"] = "bypass"
 
     # --- self-audit, off the request path ----------------------------------------------------------
 

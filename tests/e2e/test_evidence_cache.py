@@ -1,7 +1,7 @@
 """Evidence cache end to end: ragtoll on loopback in front of a retrieval server, real JWTs, memory and Redis.
 
-The pipeline is composed here as build_stages will (evidence -> budget -> settle), over the real
-stages, upstream client and a loopback retrieval server whose ACLs and index version the tests change.
+The real app (evidence -> budget -> settle) in front of a loopback retrieval server whose ACLs and
+index version the tests change.
 """
 
 from __future__ import annotations
@@ -19,22 +19,12 @@ import orjson
 import pytest
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy import config
-from ragtoll.proxy.cache.admin import version_endpoint
-from ragtoll.proxy.pipeline import Pipeline
-from ragtoll.proxy.routing import Router
-from ragtoll.proxy.stages.budget import BudgetStage
-from ragtoll.proxy.stages.evidence import EvidenceStage
-from ragtoll.proxy.stages.identify import Identifier
-from ragtoll.proxy.stages.settle import SettleStage
-from ragtoll.proxy.stores import open_store
-from ragtoll.proxy.upstream import UpstreamClient
-from starlette.applications import Starlette
-from starlette.routing import Route
+from ragtoll.proxy.app import build_app
 from support.servers import serve_in_thread
 
 SECRET = "e2e-secret-e2e-secret-e2e-secret-0123"
 ADMIN = "admin-token-for-tests"
-ENV = {"RAGTOLL_JWT_SECRET": SECRET}
+ENV = {"RAGTOLL_JWT_SECRET": SECRET, "RAGTOLL_ADMIN_TOKEN": ADMIN}
 CURRENT: list[Any] = []  # the proxy being served, so helpers can wait until a miss is filed
 
 
@@ -93,45 +83,6 @@ class Retriever:
         await send({"type": "http.response.body", "body": raw})
 
 
-class CacheProxy:
-    """ragtoll's pipeline with the evidence stage before the budget stage, plus the admin version route."""
-
-    def __init__(self, settings: config.Settings, telemetry: Any) -> None:
-        self.settings = settings
-        self.telemetry = telemetry
-        self.stage = EvidenceStage(settings, tracer_provider=telemetry.tracer_provider,
-                                   meter_provider=telemetry.meter_provider, env=ENV)
-        self.pipeline: Pipeline | None = None
-        self.admin = Starlette(routes=[Route("/admin/sources/{name}/version",
-                                             version_endpoint(self.stage.set_source_version, ADMIN), methods=["POST"])])
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    client = UpstreamClient(self.settings.upstreams, tracer_provider=self.telemetry.tracer_provider)
-                    store = open_store(self.settings)
-                    meter = self.telemetry.meter_provider.get_meter("test")
-                    stages = [self.stage, BudgetStage(self.settings, store, meter=meter), SettleStage(self.settings)]
-                    tracer = self.telemetry.tracer_provider.get_tracer("ragtoll.proxy")
-                    self.pipeline = Pipeline(self.settings, Router(self.settings.upstreams), client, stages,
-                                             Identifier(self.settings.tasks), tracer)
-                    self._closers = [client.aclose, store.aclose, self.stage.aclose]
-                    await send({"type": "lifespan.startup.complete"})
-                else:
-                    for close in self._closers:
-                        await close()
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        if scope["path"].startswith("/admin/"):
-            return await self.admin(scope, receive, send)
-        assert self.pipeline is not None
-        route = self.pipeline.router.match(scope["path"])
-        assert route is not None
-        await self.pipeline.handle(route, scope, receive, send)
-
-
 @pytest.fixture
 def retriever() -> Iterator[tuple[str, Retriever]]:
     app = Retriever()
@@ -156,7 +107,8 @@ def cache_proxy(retriever: tuple[str, Retriever], telemetry: Any) -> Any:
         }
         for key, value in overrides.items():
             raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
-        proxy = CacheProxy(config.parse(raw), telemetry)
+        proxy = build_app(config.parse(raw), tracer_provider=telemetry.tracer_provider,
+                          meter_provider=telemetry.meter_provider, env=ENV)
         CURRENT[:] = [proxy]
         with serve_in_thread(proxy) as base:
             yield base
@@ -181,7 +133,7 @@ def search(base: str, query: str, tok: str | None, top_k: int = 3, task: str = "
 def wait_filed() -> None:
     """The response can arrive before ragtoll has filed its evidence (on_end): wait for that."""
     deadline = time.monotonic() + 10
-    while CURRENT and CURRENT[0].stage.pending_filings and time.monotonic() < deadline:
+    while CURRENT and CURRENT[0].evidence.pending_filings and time.monotonic() < deadline:
         time.sleep(0.005)
 
 

@@ -1,0 +1,99 @@
+"""The app's own telemetry wiring: /metrics, per-call metrics, and the task summary span at task end."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+from opentelemetry.sdk.metrics import MeterProvider
+
+from conftest import Telemetry, Upstream, default_upstreams
+from ragtoll.instrumentation.metrics import prometheus_reader
+from ragtoll.proxy import config
+from ragtoll.proxy.app import build_app
+from ragtoll.proxy.stages.identify import derived_span_id, derived_trace_id
+from support.servers import serve_in_thread
+
+ADMIN = "observability-admin-token"
+ENV = {"RAGTOLL_ADMIN_TOKEN": ADMIN}
+RAW = {"upstreams": default_upstreams(""), "tasks": {"untracked": "per-call"},
+       "budgets": {"default_profile": "tiny", "profiles": {"tiny": {"max_steps": 1}}}}
+
+
+def settings(upstream: Upstream) -> config.Settings:
+    return config.parse({**RAW, "upstreams": default_upstreams(upstream.url)})
+
+
+def chat(base: str, task: str) -> httpx.Response:
+    return httpx.post(f"{base}/openai/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": []},
+                      headers={"x-ragtoll-task-id": task})
+
+
+def points(telemetry: Telemetry) -> dict[str, list[Any]]:
+    data = telemetry.reader.get_metrics_data()
+    out: dict[str, list[Any]] = {}
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out.setdefault(m.name, []).extend(m.data.data_points)
+    return out
+
+
+def test_metrics_endpoint_serves_prometheus_text_without_ids(upstream: Upstream) -> None:
+    reader = prometheus_reader()
+    mp = MeterProvider(metric_readers=[reader])
+    app = build_app(settings(upstream), meter_provider=mp, prometheus=reader, env=ENV)
+    with serve_in_thread(app) as base:
+        assert chat(base, "task-metrics-1").status_code == 200
+        assert chat(base, "task-metrics-1").status_code == 429  # max_steps 1
+        text = httpx.get(f"{base}/metrics").text
+    mp.shutdown()
+    assert re.search(r'ragtoll_calls_total\{.*ragtoll_outcome="ok".*\} 1', text)
+    assert re.search(r'ragtoll_calls_total\{.*ragtoll_outcome="rejected".*\} 1', text)
+    assert re.search(r'ragtoll_rejections_total\{.*ragtoll_budget_exceeded_dimension="max_steps".*\} 1', text)
+    assert "gen_ai_client_token_usage" in text and "ragtoll_proxy_overhead_seconds" in text
+    assert "task-metrics-1" not in text
+
+
+def test_metrics_endpoint_without_reader_is_a_404_json(upstream: Upstream, telemetry: Telemetry) -> None:
+    with serve_in_thread(build_app(settings(upstream), meter_provider=telemetry.meter_provider, env=ENV)) as base:
+        r = httpx.get(f"{base}/metrics")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "route_not_found"
+
+
+def test_call_metrics_recorded_from_the_pipeline(upstream: Upstream, telemetry: Telemetry) -> None:
+    app = build_app(settings(upstream), tracer_provider=telemetry.tracer_provider,
+                    meter_provider=telemetry.meter_provider, env=ENV)
+    with serve_in_thread(app) as base:
+        chat(base, "t-a")
+        chat(base, "t-a")
+    got = points(telemetry)
+    calls = {(p.attributes["ragtoll.outcome"], p.value) for p in got["ragtoll.calls"]}
+    assert calls == {("ok", 1), ("rejected", 1)}
+    tokens = {p.attributes["gen_ai.token.type"]: p.sum for p in got["gen_ai.client.token.usage"]}
+    assert tokens == {"input": 12, "output": 3}
+    assert sum(p.value for p in got["ragtoll.cost"]) > 0
+
+
+def test_ending_a_task_records_its_summary_span_as_the_trace_root(upstream: Upstream, telemetry: Telemetry) -> None:
+    app = build_app(settings(upstream), tracer_provider=telemetry.tracer_provider,
+                    meter_provider=telemetry.meter_provider, env=ENV)
+    task = "ticket-summary-1"
+    with serve_in_thread(app) as base:
+        chat(base, task)
+        chat(base, task)  # rejected: the summary must say the budget was exhausted
+        r = httpx.post(f"{base}/admin/tasks/{task}/end", json={"correct": True},
+                       headers={"authorization": f"Bearer {ADMIN}"})
+    assert r.status_code == 200, r.text
+    (summary,) = telemetry.by_name("ragtoll.task")
+    assert summary.context.trace_id == derived_trace_id(task)
+    assert summary.context.span_id == derived_span_id(task)
+    assert summary.parent is None
+    assert summary.attributes["ragtoll.task.id"] == task
+    assert summary.attributes["ragtoll.task.calls"] == 1  # a refused call is charged nothing
+    assert summary.attributes["ragtoll.budget.exceeded"] is True
+    servers = [s for s in telemetry.spans() if s.name == "POST /openai"]
+    assert len(servers) == 2 and {s.parent.span_id for s in servers} == {summary.context.span_id}
+    task_cost = points(telemetry)["ragtoll.task.cost"]
+    assert sum(p.count for p in task_cost) == 1

@@ -23,12 +23,13 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from ragtoll.instrumentation import semconv as sc
 
+from .adapters.base import MAX_PARSE_BYTES, Observer
 from .config import Settings, Timeouts
 from .errors import BodyTooLarge, RagtollError, Rejected, render
 from .model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, Call, Observation, TaskRef
 from .routing import Route, Router
 from .stages.identify import Identifier, derived_span_id, parse_traceparent
-from .upstream import UpstreamClient
+from .upstream import UpstreamClient, UpstreamResponse
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -77,6 +78,7 @@ class Exchange:
     response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)
     upstream_seconds: float = 0.0
     bytes_out: int = 0
+    headers_sent: bool = False  # after this the status can no longer change
     state: dict[str, Any] = field(default_factory=dict)
 
 
@@ -212,6 +214,7 @@ class Pipeline:
                 ex.status = reply.status
                 if reply.status >= 400:
                     ex.outcome = "rejected"
+                ex.headers_sent = True
                 await _send_reply(send, reply, ex.response_headers)
                 return
             if body_iter is None:
@@ -226,7 +229,7 @@ class Pipeline:
             ex.outcome = "client_disconnect"
         except RagtollError as exc:
             ex.error = exc
-            if ex.status is None:  # nothing sent yet: a clean JSON error
+            if not ex.headers_sent:  # nothing sent yet: a clean JSON error
                 ex.status = exc.status
                 ex.outcome = "rejected" if isinstance(exc, Rejected) else "upstream_error"
                 await _send_error(send, exc, style, ex.response_headers)
@@ -235,7 +238,7 @@ class Pipeline:
         except Exception as exc:  # a bug: answer 500 if we still can, record it, never hang
             ex.outcome = "error"
             span.record_exception(exc)
-            if ex.status is None:
+            if not ex.headers_sent:
                 ex.status = 500
                 await _send_error(send, RagtollError(f"internal error: {type(exc).__name__}"), style, ex.response_headers)
         finally:
@@ -279,6 +282,7 @@ class Pipeline:
             if decoder is not None and self._should_buffer(ex, response):
                 await self._send_buffered(ex, response, observer, decoder, headers, send)
                 return
+            ex.headers_sent = True
             await send({"type": "http.response.start", "status": response.status,
                         "headers": headers + ex.response_headers})
             cut: bytes | None = None
@@ -329,6 +333,7 @@ class Pipeline:
                 ex.span.record_exception(exc)
         ex.state["complete"] = True
         ex.bytes_out = len(raw)
+        ex.headers_sent = True
         await send({"type": "http.response.start", "status": response.status, "headers": headers + ex.response_headers})
         await send({"type": "http.response.body", "body": raw, "more_body": False})
 

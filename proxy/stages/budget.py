@@ -19,18 +19,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...instrumentation import semconv as sc
+from ragtoll.instrumentation import semconv as sc
 from .. import budget as bm
 from ..budget import Actual, Charge, Ledger, Reservation, Selection
 from ..classifier import classify as _classify
 from ..config import Profile, Settings
 from ..errors import BudgetExceeded, StoreUnavailable
+from ..evidence_track import evidence_header
 from ..pipeline import Exchange, Reply
 from ..pricing import Prices
 from ..signing import load_key, verify_budget_baggage
 from ..stores.base import Decision, Store, TaskMeta
 
 REMAINING_HEADER = b"x-ragtoll-budget-remaining"
+EVIDENCE_HEADER = b"x-ragtoll-evidence"
 WARNING_HEADER = b"x-ragtoll-budget-warning"
 WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
 MAX_CACHED_PROFILES = 100_000
@@ -59,6 +61,7 @@ class Ticket:
     dimension: str | None = None  # the limit that refused (enforce) or would have refused (shadow) the call
     cost_usd: float | None = None  # settled cost, set in on_end (for metrics)
     cut: str | None = None
+    settled: bool = False  # settle ran (early, in on_response, or in on_end)
 
 
 class BudgetStage:
@@ -323,23 +326,41 @@ class BudgetStage:
 
     # --- after the response ------------------------------------------------------------------------
 
+    async def on_response(self, ex: Exchange) -> None:
+        """A small retrieval answer was read whole: settle now, before its headers go out, so the
+        client learns how many chunks are new to the task (`x-ragtoll-evidence`)."""
+        ticket: Ticket | None = ex.state.get("budget")
+        chunks = ex.observation.chunks
+        if ticket is None or not ticket.admitted or ex.task is None or chunks is None:
+            return
+        ledger = await self._settle(ex, ticket)
+        if ledger is not None:
+            header = evidence_header(chunks, ledger.used("last_new"))
+            ex.response_headers.append((EVIDENCE_HEADER, header.encode()))
+
     async def on_end(self, ex: Exchange) -> None:
         ticket: Ticket | None = ex.state.get("budget")
-        if ticket is None or not ticket.admitted or ex.task is None:
+        if ticket is None or not ticket.admitted or ex.task is None or ticket.settled:
             return
+        await self._settle(ex, ticket)
+
+    async def _settle(self, ex: Exchange, ticket: Ticket) -> Ledger | None:
+        """Replace the reservation with the call's actual use, once; record it on the span."""
+        assert ex.task is not None
+        ticket.settled = True
         actual = self._actual(ex, ticket)
         try:
             async with asyncio.timeout(self.timeout):
                 ledger = await self.store.settle(ex.task.id, ticket.reservation, actual, self._wall_ms())
-        except Exception as exc:  # noqa: BLE001 - the response is sent; record, never fail
+        except Exception as exc:  # noqa: BLE001 - the response is (being) sent; record, never fail
             if ex.span is not None:
                 ex.span.set_attribute(sc.DEGRADED, True)
                 ex.span.add_event(sc.EVENT_DEGRADED, {"reason": f"settle failed: {type(exc).__name__}"})
-            return
+            return None
         ticket.cost_usd = bm.usd(actual.cost_nusd)
         span = ex.span
         if span is None or not span.is_recording():
-            return
+            return ledger
         span.set_attribute(sc.COST_USD, ticket.cost_usd)
         if ledger is not None:
             now = self._wall_ms()
@@ -350,6 +371,8 @@ class BudgetStage:
                     span.set_attribute(sc.budget_remaining(dim), left[dim])
         if actual.chunk_ids is not None and ledger is not None:
             span.set_attribute(sc.EVIDENCE_STALLED, ledger.used("stalled"))
+            span.set_attribute(sc.EVIDENCE_NEW_CHUNKS, ledger.used("last_new"))
+        return ledger
 
     def _actual(self, ex: Exchange, ticket: Ticket) -> Actual:
         """The call's real use. Unknown pieces keep what was counted or reserved (never less)."""

@@ -77,6 +77,7 @@ class MemoryStore:
         if actual.chunk_ids is not None:
             before = len(task.chunks)
             task.chunks.update(actual.chunk_ids)
+            c["last_new"] = len(task.chunks) - before  # this call's novelty, for x-ragtoll-evidence
             c["stalled"] = 0 if len(task.chunks) > before else c.get("stalled", 0) + 1
             task.ledger.chunks_seen = len(task.chunks)
         task.ledger.last_ms = max(task.ledger.last_ms, now_ms)

@@ -566,3 +566,24 @@ def test_an_unwritable_record_sink_still_ends_the_task(proxy: ProxyFactory, upst
         gone = http.get(f"{base}/admin/tasks/{t}", headers=_auth())
     assert r.status_code == 200 and r.json()["record_written"] is False and r.json()["steps"] == 1
     assert gone.status_code == 404
+
+
+def test_retrieval_answers_carry_evidence_strength_with_novelty_for_the_task(proxy: Any, upstream: Any) -> None:
+    import http_sfv
+
+    # the cache is off so the repeat goes upstream (a hit is no retrieval and carries no novelty)
+    with proxy(upstreams=[{"name": "docs", "kind": "retrieval", "api": "json", "url": upstream.url,
+                           "prefix": "/docs"}], cache={"enabled": False}) as base:
+        def search(query: str) -> http_sfv.Dictionary:
+            r = httpx.post(f"{base}/docs/search", json={"query": query, "top_k": 3},
+                           headers={"x-ragtoll-task-id": "evidence-task"})
+            assert r.status_code == 200 and len(r.json()["results"]) == 3
+            d = http_sfv.Dictionary()
+            d.parse(r.headers["x-ragtoll-evidence"].encode())
+            return d
+
+        first = search("refund window for annual plans")
+        again = search("refund window for annual plans")  # same chunks: nothing new to this task
+    assert first["n"].value == 3 and first["new"].value == 3
+    assert float(first["top"].value) == 0.9 and float(first["margin"].value) == 0.2
+    assert again["new"].value == 0

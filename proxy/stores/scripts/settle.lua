@@ -20,6 +20,7 @@ if ARGV[6] == '1' then
     added = added + redis.call('SADD', c, unpack(ARGV, i, j))
     i = j + 1
   end
+  redis.call('HSET', h, 'last_new', added)  -- this call's novelty, for x-ragtoll-evidence
   if added > 0 then
     redis.call('HSET', h, 'stalled', 0)
   else

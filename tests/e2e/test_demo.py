@@ -55,7 +55,13 @@ def test_budgets_and_cache_meet_the_targets(demo: tuple) -> None:
     assert shadow.accuracy is not None and enforced.accuracy is not None
     assert enforced.accuracy >= shadow.accuracy - 0.02
     if result.cache.startswith("evidence cache on"):  # build_app wires the evidence stage
-        assert enforced.cache_hit_rate and shadow.cache_hit_rate == 0
+        # the corroborating keyword searches are verified paraphrases of the question: served from cache
+        assert (enforced.cache_hit_rate or 0) >= 0.2, (
+            f"cache hit rate {enforced.cache_hit_rate}: retrieval evidence is not being cached (a retrieval "
+            "answer with content-length is read whole by Pipeline._send_buffered, which skips the stages' "
+            "on_chunk hooks, so EvidenceStage files an empty body)"
+        )
+        assert shadow.cache_hit_rate == 0
     assert shadow.exhaustion_rate == 0  # shadow mode rejects nothing ...
     assert any(r.get("would_reject") for r in result.shadow.records)  # ... but records what it would have
 
@@ -88,7 +94,9 @@ def test_no_chunk_reaches_a_principal_without_access(demo: tuple) -> None:
             for s in receiver.spans
             if s["attributes"].get("ragtoll.task.id") == bob_run.task_id
         ]
-        assert "acl:denied" in reasons
+        assert "acl:denied" in reasons, (
+            f"bob's lookups: {reasons} (expected alice's entry refused: acl:denied)"
+        )
 
 
 def test_audit_flags_a_chunk_outside_the_principals_groups() -> None:

@@ -69,6 +69,37 @@ def parse_record(raw: Any, where: str) -> dict[str, Any]:
     return rec
 
 
+OUTCOME_KIND = (
+    "outcome"  # {"kind": "outcome", "task_id", "outcome": {"correct": bool}}: a verdict posted later
+)
+
+
+def parse_records(items: Iterable[tuple[Any, str]]) -> list[dict[str, Any]]:
+    """Task records in order, each with the last outcome posted for it applied.
+
+    Outcome entries (`kind: outcome`, written by `POST /admin/tasks/{id}/outcome`) may come before
+    or after their task's record; the last one for a task wins over the record's own outcome.
+    """
+    records: list[dict[str, Any]] = []
+    verdicts: dict[str, dict[str, bool]] = {}
+    for raw, where in items:
+        if isinstance(raw, dict) and raw.get("kind") == OUTCOME_KIND:
+            outcome = raw.get("outcome")
+            if not isinstance(raw.get("task_id"), str) or not (
+                isinstance(outcome, dict) and isinstance(outcome.get("correct"), bool)
+            ):
+                raise ReportError(
+                    f'{where}: an outcome entry needs task_id and outcome {{"correct": true|false}}'
+                )
+            verdicts[raw["task_id"]] = {"correct": outcome["correct"]}
+            continue
+        records.append(parse_record(raw, where))
+    for rec in records:
+        if rec["task_id"] in verdicts:
+            rec["outcome"] = verdicts[rec["task_id"]]
+    return records
+
+
 def read_jsonl(path: str) -> list[dict[str, Any]]:
     """Records of a JSONL file; blank lines skipped, any other bad line is an error naming it."""
     try:
@@ -76,7 +107,7 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
             lines = fh.read().splitlines()
     except OSError as exc:
         raise ReportError(f"cannot read task records {path!r}: {exc.strerror}") from exc
-    out = []
+    items = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -84,8 +115,8 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
             raw = orjson.loads(line)
         except orjson.JSONDecodeError as exc:
             raise ReportError(f"{path}:{n}: not JSON ({exc})") from exc
-        out.append(parse_record(raw, f"{path}:{n}"))
-    return out
+        items.append((raw, f"{path}:{n}"))
+    return parse_records(items)
 
 
 def read_stream(url: str, key: str, *, batch: int = 1000) -> list[dict[str, Any]]:
@@ -101,7 +132,7 @@ def read_stream(url: str, key: str, *, batch: int = 1000) -> list[dict[str, Any]
         )
     else:
         client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
-    out: list[dict[str, Any]] = []
+    items: list[tuple[Any, str]] = []
     start = "-"
     try:
         while True:
@@ -109,9 +140,9 @@ def read_stream(url: str, key: str, *, batch: int = 1000) -> list[dict[str, Any]
                 key, min=start, max="+", count=batch
             )
             for entry_id, fields in entries:
-                out.append(parse_record(_entry(fields), f"{key}#{entry_id.decode()}"))
+                items.append((_entry(fields), f"{key}#{entry_id.decode()}"))
             if len(entries) < batch:
-                return out
+                return parse_records(items)
             start = "(" + entries[-1][0].decode()
     except redis.RedisError as exc:
         raise ReportError(f"cannot read stream {key!r} from {url}: {exc}") from exc

@@ -212,3 +212,34 @@ def test_report_reads_the_stream_ragtoll_writes(
     (row, _all) = orjson.loads(capsys.readouterr().out)
     assert (row["group"], row["tasks"], row["correct"], row["accuracy"]) == ("p", 2, 1, 0.5)
     assert row["cost_per_correct_usd"] == pytest.approx(sum(r["cost_usd"] for r in records))
+
+
+def test_outcomes_posted_later_override_the_records(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "records.jsonl"
+    lines = FIXTURE.read_text().splitlines()
+    verdicts = [
+        {"kind": "outcome", "task_id": "t6", "outcome": {"correct": True}},  # t6 ended with no outcome
+        {"kind": "outcome", "task_id": "t3", "outcome": {"correct": True}},  # a re-judged answer
+        {
+            "kind": "outcome",
+            "task_id": "t3",
+            "outcome": {"correct": False},
+        },  # ... and judged again: last wins
+        {"kind": "outcome", "task_id": "never-recorded", "outcome": {"correct": True}},
+    ]
+    path.write_text(
+        "\n".join(
+            [orjson.dumps(verdicts[0]).decode(), *lines, *(orjson.dumps(v).decode() for v in verdicts[1:])]
+        )
+    )
+    recs = {r["task_id"]: r for r in report.read_jsonl(str(path))}
+    assert (
+        len(recs) == 10
+        and recs["t6"]["outcome"] == {"correct": True}
+        and recs["t3"]["outcome"] == {"correct": False}
+    )
+    tight = report.summarize(recs.values())[1]
+    assert (tight.judged, tight.correct) == (6, 4)
+    path.write_text('{"kind": "outcome", "task_id": "t1", "outcome": {"correct": "yes"}}\n')
+    with pytest.raises(report.ReportError, match=":1: an outcome entry needs"):
+        report.read_jsonl(str(path))

@@ -1,0 +1,198 @@
+"""Store faults under load, with real redis-server processes: killed and restarted, paused
+(SIGSTOP: connections open, no answers), and a Redis Cluster master failing over to its replica.
+
+`on_store_error: open`: no call fails because of the store - every answer is the upstream's,
+calls made while it is away are forwarded and marked degraded, and after it returns the ledger
+never under-counts an admitted call. `closed`: a 503 JSON within the store timeout (+2 s of
+slack, never a hang), and service resumes when the store does.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from conftest import ProxyFactory, Telemetry
+from loadgen import Answer, run_load
+from ragtoll.instrumentation import semconv as sc
+from support.budget_cluster import _info, cluster_free_port
+from support.faulty import FaultyUpstream
+from support.redis_server import RedisProcess, start_redis, stop_all
+from test_upstream_faults import ledger, routes
+
+TOKEN = "reliability-admin-token"
+STORE_TIMEOUT_MS = 200
+BUDGETS = {"default_profile": "p", "profiles": {"p": {"max_steps": 100_000, "max_completion_tokens": 10**9}}}
+
+
+@pytest.fixture(autouse=True)
+def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
+
+
+@pytest.fixture(scope="module")
+def faulty() -> Iterator[FaultyUpstream]:
+    with FaultyUpstream() as up:
+        yield up
+
+
+def durable_redis() -> RedisProcess:
+    # every write reaches disk before the reply, so a kill -9 loses nothing that was acknowledged
+    return start_redis(["--appendonly", "yes", "--appendfsync", "always"])
+
+
+def pause(server: RedisProcess) -> None:
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGSTOP)
+
+
+def resume(server: RedisProcess) -> None:
+    assert server.proc is not None
+    os.kill(server.proc.pid, signal.SIGCONT)
+
+
+def degraded_spans(telemetry: Telemetry) -> Counter[str]:
+    """Per task: call spans whose reserve failed (the call went on without a budget)."""
+    out: Counter[str] = Counter()
+    for s in telemetry.spans():
+        if s.attributes.get(sc.DEGRADED) and any(e.name == sc.EVENT_DEGRADED and "on_store_error" in e.attributes
+                                                 for e in s.events):
+            out[s.attributes[sc.TASK_ID]] += 1
+    return out
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_open_store_outage_under_load_fails_no_call(proxy: ProxyFactory, faulty: FaultyUpstream, telemetry: Telemetry,
+                                                    fault: str) -> None:
+    server = durable_redis()
+    tasks = [f"open-{fault}-{i}-{uuid.uuid4().hex[:6]}" for i in range(6)]
+    if fault == "kill":
+        schedule = [(0.8, server.stop), (1.8, server.start)]
+    else:
+        schedule = [(0.8, lambda: pause(server)), (1.8, lambda: resume(server))]
+    try:
+        with proxy(upstreams=routes(faulty.url), store=server.url, on_store_error="open",
+                   store_timeout_ms=STORE_TIMEOUT_MS, budgets=BUDGETS) as base, httpx.Client(timeout=10) as http:
+            answers = run_load(base, tasks, 4.0, schedule)
+            time.sleep(0.3)  # the last settles land
+            ledgers = {t: ledger(http, base, t) for t in tasks}
+    finally:
+        resume(server) if fault == "pause" and server.proc and server.proc.poll() is None else None
+        stop_all([server])
+    statuses = Counter(a.status for a in answers)
+    assert statuses == Counter({200: len(answers)}), statuses  # not one 5xx, not one failed request
+    unbudgeted = Counter(a.task for a in answers if not a.budgeted)
+    assert sum(unbudgeted.values()) > 0  # the outage was felt ...
+    assert all(a.budgeted for a in answers[-len(tasks):])  # ... and is over
+    assert degraded_spans(telemetry) == unbudgeted  # every forwarded-without-budget call says so on its span
+    for t in tasks:
+        admitted = sum(1 for a in answers if a.task == t and a.budgeted)
+        steps = ledgers[t]["used"]["steps"]
+        # never under-counted; over-counted at most by calls whose reply was lost in the outage
+        assert admitted <= steps <= admitted + unbudgeted[t], (t, admitted, steps, unbudgeted[t])
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_closed_store_outage_is_a_prompt_503(proxy: ProxyFactory, faulty: FaultyUpstream, fault: str) -> None:
+    server = start_redis()
+    tasks = [f"closed-{fault}-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
+    if fault == "kill":
+        schedule = [(0.6, server.stop), (1.6, server.start)]
+    else:
+        schedule = [(0.6, lambda: pause(server)), (1.6, lambda: resume(server))]
+    try:
+        with proxy(upstreams=routes(faulty.url), store=server.url, on_store_error="closed",
+                   store_timeout_ms=STORE_TIMEOUT_MS, budgets=BUDGETS) as base:
+            before = len(faulty.seen)
+            answers = run_load(base, tasks, 3.5, schedule)
+            forwarded = len(faulty.seen) - before
+    finally:
+        if fault == "pause" and server.proc and server.proc.poll() is None:
+            resume(server)
+        stop_all([server])
+    refused = [a for a in answers if a.status == 503]
+    assert refused, "the outage was not felt"
+    assert {a.status for a in answers} == {200, 503}
+    assert {a.code for a in refused} == {"store_unavailable"}
+    assert max(a.seconds for a in refused) < STORE_TIMEOUT_MS / 1000 + 2  # never a hang
+    assert all(a.status == 200 and a.budgeted for a in answers[-len(tasks):])  # back after the store
+    assert forwarded == sum(1 for a in answers if a.status == 200)  # a refused call never reached the upstream
+
+
+# --- Redis Cluster failover -----------------------------------------------------------------------
+
+def start_replicated_cluster(masters: int = 3) -> tuple[list[RedisProcess], list[RedisProcess]]:
+    """`masters` masters, each with one replica, on loopback ports whose bus ports are free."""
+    args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000",
+            "--appendonly", "yes", "--appendfsync", "always"]
+    nodes: list[RedisProcess] = []
+    try:
+        for _ in range(masters * 2):
+            nodes.append(start_redis(args, port=cluster_free_port()))
+        clients = [redis.Redis(port=n.port, decode_responses=True) for n in nodes]
+        per = 16384 // masters
+        for i in range(masters):
+            end = 16383 if i == masters - 1 else (i + 1) * per - 1
+            clients[i].execute_command("CLUSTER ADDSLOTS", *range(i * per, end + 1))
+        for c in clients[1:]:
+            c.execute_command("CLUSTER MEET", "127.0.0.1", nodes[0].port)
+        _wait(lambda: all(_info(c.execute_command("CLUSTER INFO")).get("cluster_known_nodes") == str(len(nodes))
+                          for c in clients), "nodes did not meet")
+        for i in range(masters):
+            clients[masters + i].execute_command("CLUSTER REPLICATE", clients[i].execute_command("CLUSTER MYID"))
+        _wait(lambda: all(c.info("replication").get("connected_slaves") == 1 for c in clients[:masters])
+              and all(_info(c.execute_command("CLUSTER INFO")).get("cluster_state") == "ok" for c in clients),
+              "replicas did not sync")
+        for c in clients:
+            c.close()
+        return nodes[:masters], nodes[masters:]
+    except BaseException:
+        stop_all(nodes)
+        raise
+
+
+def _wait(predicate: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise RuntimeError(what)
+        time.sleep(0.1)
+
+
+def test_cluster_master_failover_under_load(proxy: ProxyFactory, faulty: FaultyUpstream, telemetry: Telemetry) -> None:
+    masters, replicas = start_replicated_cluster()
+    tasks = [f"cl-{i}-{uuid.uuid4().hex[:6]}" for i in range(8)]  # spread over the three masters' slots
+    url = f"redis+cluster://127.0.0.1:{masters[1].port}"
+    try:
+        with proxy(upstreams=routes(faulty.url), store=url, on_store_error="open",
+                   store_timeout_ms=STORE_TIMEOUT_MS, budgets=BUDGETS) as base, httpx.Client(timeout=10) as http:
+            answers = run_load(base, tasks, 7.0, [(1.0, masters[0].stop)])
+            time.sleep(0.3)
+            ledgers = {t: ledger(http, base, t) for t in tasks}
+        promoted = redis.Redis(port=replicas[0].port, decode_responses=True).info("replication")["role"]
+    finally:
+        stop_all(masters + replicas)
+    assert promoted == "master"  # the failover happened
+    assert Counter(a.status for a in answers) == Counter({200: len(answers)})  # and failed no call
+    late = answers[-2 * len(tasks):]
+    assert all(a.budgeted for a in late), Counter(a.budgeted for a in late)  # budgets work again after it
+    unbudgeted = Counter(a.task for a in answers if not a.budgeted)
+    assert sum(unbudgeted.values()) > 0, answers_summary(answers)  # calls during the failover went on unbudgeted
+    for t in tasks:
+        admitted = sum(1 for a in answers if a.task == t and a.budgeted)
+        # writes acknowledged by a master may be lost in a failover (Redis replication is async): the
+        # ledger may under-count by what the dead master had not yet replicated - bounded here by
+        # the calls of the second before the kill, which the test cannot tell apart
+        assert ledgers[t]["used"]["steps"] <= admitted + unbudgeted[t]
+
+
+def answers_summary(answers: list[Answer]) -> str:
+    return str(Counter((a.status, a.budgeted) for a in answers))

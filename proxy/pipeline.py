@@ -325,7 +325,10 @@ class Pipeline:
                              decoder: Callable[[bytes], bytes], headers: list[tuple[bytes, bytes]], send: Send) -> None:
         parts = [chunk async for chunk in response.chunks()]
         raw = b"".join(parts)
-        observer.feed(decoder(raw), True)
+        plain = decoder(raw)
+        observer.feed(plain, True)
+        for chunk_hook in self._chunk_hooks:  # they see the body as they would a stream (no cut here)
+            chunk_hook.on_chunk(ex, plain)  # type: ignore[attr-defined]
         for hook in self._response_hooks:
             try:
                 await hook.on_response(ex)  # type: ignore[attr-defined]

@@ -79,13 +79,16 @@ ProxyFactory = Callable[..., contextlib.AbstractContextManager[str]]
 
 
 @pytest.fixture
-def proxy(upstream: Upstream, telemetry: Telemetry) -> ProxyFactory:
-    """`with proxy(**overrides) as base_url:` serves ragtoll on loopback against the fake upstream."""
+def proxy(upstream: Upstream, telemetry: Telemetry, tmp_path: Any) -> ProxyFactory:
+    """`with proxy(**overrides) as base_url:` serves ragtoll on loopback against the fake upstream.
+
+    Task records go to a file in the test's tmp dir unless the overrides say otherwise."""
 
     @contextlib.contextmanager
     def make(**overrides: Any) -> Iterator[str]:
         raw: dict[str, Any] = {"upstreams": default_upstreams(upstream.url)}
         raw.update(overrides)
+        raw["budgets"] = {"records_file": str(tmp_path / "records.jsonl"), **raw.get("budgets", {})}
         settings = config.parse(raw)
         app = build_app(settings, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider)
         with serve_in_thread(app) as url:

@@ -16,6 +16,10 @@ the OTEL_* exporter settings, secrets by reference (v.secretEnv: [{name, secretN
   valueFrom:
     fieldRef:
       fieldPath: metadata.namespace
+# The root filesystem is read-only: task records (JSONL sink, memory store) go to the /tmp emptyDir.
+# Like every RAGTOLL_* variable this overrides the config file; change it with `env`/extraEnv.
+- name: RAGTOLL_BUDGETS__RECORDS_FILE
+  value: "/tmp/ragtoll-tasks.jsonl"
 - name: OTEL_SERVICE_NAME
   value: {{ $otel.serviceName | default "ragtoll" | quote }}
 - name: OTEL_RESOURCE_ATTRIBUTES

@@ -86,6 +86,12 @@ OUTCOME = "ragtoll.outcome"
 STREAM = "ragtoll.stream"
 BYTES_OUT = "ragtoll.response.bytes"
 
+# content capture (telemetry.capture_content; off by default): JSON lists of texts, size-limited
+CONTENT_PROMPT = "gen_ai.input.messages"
+CONTENT_COMPLETION = "gen_ai.output.messages"
+CONTENT_QUERY = "ragtoll.retrieval.query"
+CONTENT_CHUNKS = "ragtoll.retrieval.documents"
+
 # --- events -------------------------------------------------------------------------------------
 EVENT_CHARGE = "ragtoll.budget.charge"
 EVENT_WARNING = "ragtoll.budget.warning"

@@ -14,6 +14,7 @@ SOURCE_TRACEPARENT = "traceparent"
 SOURCE_HEADER = "header"
 SOURCE_SESSION = "session"
 SOURCE_PER_CALL = "per-call"
+OUTPUT_TEXT_KEEP = 16_384  # characters of generated text an observer keeps for content capture
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,3 +85,10 @@ class Observation:
     output_tokens_seen: int = 0  # streamed output tokens counted so far (mid-stream enforcement)
     source_version: str | None = None
     parse_error: str | None = None
+    output_text: list[str] = field(default_factory=list)  # generated text, first OUTPUT_TEXT_KEEP chars
+
+    def keep_output(self, text: str) -> None:
+        """Remember generated text for content capture (off by default), bounded per call."""
+        kept = sum(len(t) for t in self.output_text)
+        if kept < OUTPUT_TEXT_KEEP:
+            self.output_text.append(text[: OUTPUT_TEXT_KEEP - kept])

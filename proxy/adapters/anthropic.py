@@ -120,6 +120,9 @@ class MessagesObserver(BufferedJsonObserver):
         obs.usage = usage(doc.get("usage"))
         if doc.get("stop_reason"):
             obs.finish_reasons = [doc["stop_reason"]]
+        for block in doc.get("content") or []:
+            if isinstance(block, dict) and isinstance(block.get("text"), str):
+                obs.keep_output(block["text"])
 
 
 class MessagesStreamObserver(JsonStreamObserver):

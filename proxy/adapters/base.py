@@ -171,6 +171,7 @@ class JsonStreamObserver:
     def saw_output(self, text: object) -> None:
         if isinstance(text, str) and text:
             self.observation.output_tokens_seen += tokens.count(text, self._encoding)
+            self.observation.keep_output(text)
 
     def on_event(self, event: str, doc: dict[str, object]) -> None:
         """One parsed event. Subclasses override."""

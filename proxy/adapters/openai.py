@@ -250,6 +250,8 @@ class ChatObserver(BufferedJsonObserver):
                 texts.append(c["text"])
             for tc in msg.get("tool_calls") or []:
                 texts.append(json_text((tc.get("function") or {}).get("arguments") or ""))
+        for text in texts:
+            obs.keep_output(text)
         if obs.usage is None or obs.usage.output_tokens is None:  # counted only when usage is missing
             obs.output_tokens_seen = tokens.count_many(texts, self._encoding)
 

@@ -8,15 +8,34 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from ragtoll.instrumentation import semconv as sc
 
 from ..config import Settings
+from ..model import Call, Observation
 from ..pipeline import Exchange, Reply
 
 
 class SettleStage:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self._limit = settings.telemetry.content_max_chars
+
+    def _content(self, call: Call, obs: Observation) -> dict[str, str]:
+        """Prompts, completions, queries and chunk texts, each cut to `telemetry.content_max_chars`.
+        Only with `telemetry.capture_content: true`: they may hold personal or secret data."""
+        out: dict[str, str] = {}
+        pieces = (
+            (sc.CONTENT_PROMPT, call.prompt_texts if call.operation not in ("retrieval", "rerank") else []),
+            (sc.CONTENT_COMPLETION, obs.output_text),
+            (sc.CONTENT_QUERY, [call.query] if call.query else []),
+            (sc.CONTENT_CHUNKS, [c.text for c in obs.chunks or [] if c.text]),
+        )
+        for key, texts in pieces:
+            if texts:
+                out[key] = _cut(orjson.dumps(texts).decode(), self._limit)
+        return out
 
     async def on_request(self, ex: Exchange) -> Reply | None:
         return None
@@ -55,7 +74,13 @@ class SettleStage:
             ):
                 if isinstance(value, int):
                     attrs[key] = value
+        if self.settings.telemetry.capture_content:
+            attrs.update(self._content(call, obs))
         parse_error = call.parse_error or obs.parse_error
         if parse_error:
             attrs[sc.PARSE_ERROR] = parse_error[:300]
         span.set_attributes(attrs)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: max(0, limit - 14)] + "...[truncated]"

@@ -124,3 +124,27 @@ def test_no_exporter_configured_exports_nothing_and_errors_nothing() -> None:
     grpc = setup.span_exporter({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4317",
                                 "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
     assert type(grpc).__module__.startswith("opentelemetry.exporter.otlp.proto.grpc")
+
+
+def test_content_is_off_by_default(proxy: ProxyFactory, telemetry: Telemetry) -> None:
+    with proxy() as base:
+        httpx.post(f"{base}/openai/v1/chat/completions",
+                   json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "my secret prompt"}]})
+    call = telemetry.by_name("chat gpt-4o-mini")[0]
+    assert not any("secret" in str(v) for v in call.attributes.values())
+    assert "gen_ai.input.messages" not in call.attributes and "gen_ai.output.messages" not in call.attributes
+
+
+def test_content_capture_records_prompts_and_completions_within_limits(proxy: ProxyFactory,
+                                                                        telemetry: Telemetry) -> None:
+    long_prompt = "tell me " + "x" * 500
+    with proxy(telemetry={"capture_content": True, "content_max_chars": 120}) as base:
+        httpx.post(f"{base}/openai/v1/chat/completions",
+                   json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": long_prompt}]})
+        body = {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        httpx.post(f"{base}/openai/v1/chat/completions", json=body)
+    plain, streamed = sorted(telemetry.by_name("chat gpt-4o-mini"), key=lambda s: s.start_time)
+    prompt = plain.attributes["gen_ai.input.messages"]
+    assert prompt.startswith('["tell me xxx') and prompt.endswith("...[truncated]") and len(prompt) == 120
+    assert plain.attributes["gen_ai.output.messages"] == '["Hello there."]'
+    assert streamed.attributes["gen_ai.output.messages"] == '["Hel","lo"," the","re","."]'

@@ -96,6 +96,8 @@ class RagtollApp:
                           methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
             ],
             lifespan=self.lifespan,
+            # paths the catch-all cannot match (raw control characters) still get a JSON 404
+            exception_handlers={404: self.not_found, 405: self.not_found},
         )
 
     @contextlib.asynccontextmanager
@@ -203,7 +205,7 @@ class RagtollApp:
             attrs, error=f"budget exceeded: {record['exhausted']}" if record["exhausted"] else None,
         )
 
-    async def not_found(self, request: Request) -> Response:
+    async def not_found(self, request: Request, _exc: Exception | None = None) -> Response:
         error = self.router.not_found(request.url.path)
         return Response(render(error), status_code=error.status, media_type="application/json")
 

@@ -211,13 +211,18 @@ def sf_dictionary(values: Mapping[str, float]) -> bytes:
     parts = []
     for key, value in values.items():
         if key == "max_cost_usd":
-            floored = math.floor(value * 1000) / 1000
-            parts.append(f"{key}={floored:.3f};micros={int(value * 1_000_000)}")
+            # RFC 8941 caps decimals at 12 integer digits and integers at 15 digits
+            floored = min(math.floor(value * 1000) / 1000, _SF_MAX_DECIMAL)
+            parts.append(f"{key}={floored:.3f};micros={min(int(value * 1_000_000), _SF_MAX_INTEGER)}")
         elif isinstance(value, int) or value.is_integer():
-            parts.append(f"{key}={min(int(value), 999_999_999_999_999)}")
+            parts.append(f"{key}={min(int(value), _SF_MAX_INTEGER)}")
         else:
-            parts.append(f"{key}={math.floor(value * 1000) / 1000:.3f}")
+            parts.append(f"{key}={min(math.floor(value * 1000) / 1000, _SF_MAX_DECIMAL):.3f}")
     return ", ".join(parts).encode()
+
+
+_SF_MAX_INTEGER = 999_999_999_999_999
+_SF_MAX_DECIMAL = 999_999_999_999.999
 
 
 # --- limits from profile and baggage ------------------------------------------------------------------

@@ -8,6 +8,7 @@ environment for configuration. Imports no I/O library besides yaml.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import types
@@ -315,8 +316,15 @@ def validate(settings: Settings) -> None:
             _bad(f"budgets.rules[{i}]", "{}", "a rule with `route`, `header` + `equals`, or both")
     for name, prof in b.profiles.items():
         for dim, value in prof.limits().items():
-            if value < 0:
-                _bad(f"budgets.profiles.{name}.{dim}", value, "a number >= 0 (omit the key for no limit)")
+            if not math.isfinite(value) or value < 0:
+                _bad(f"budgets.profiles.{name}.{dim}", value, "a finite number >= 0 (omit the key for no limit)")
+    if settings.store_timeout_ms <= 0:
+        _bad("store_timeout_ms", settings.store_timeout_ms, "a positive number of milliseconds (e.g. 250)")
+    for i, up in enumerate(settings.upstreams):
+        for name in ("connect", "read", "write", "pool"):
+            value = getattr(up.timeouts, name)
+            if not math.isfinite(value) or value <= 0:
+                _bad(f"upstreams[{i}].timeouts.{name}", value, "a positive number of seconds")
     if not 400 <= b.reject_status <= 599:
         _bad("budgets.reject_status", b.reject_status, "an HTTP error status between 400 and 599")
     if b.task_ttl_s < 60:

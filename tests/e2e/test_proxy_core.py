@@ -261,3 +261,15 @@ def test_many_concurrent_calls_all_complete(proxy: ProxyFactory) -> None:
 
     with proxy(tasks={"untracked": "per-call"}) as base:  # 50 separate tasks: no budget interferes
         assert asyncio.run(run(base)) == [200] * 50
+
+
+def test_unmatchable_paths_still_get_json_404(proxy: ProxyFactory, upstream: Upstream) -> None:
+    with proxy() as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as sock:
+            sock.sendall(b"GET /nope%0Aevil HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+    assert data.startswith(b"HTTP/1.1 404")
+    assert b"application/json" in data and b'"route_not_found"' in data

@@ -322,3 +322,13 @@ async def test_task_ender_writes_once_and_tells_listeners() -> None:
     assert (record["end_reason"], record["task_source"], record["trace_id"]) == ("idle", "header", "ab" * 16)
     assert record["ended_at"] == record["started_at"] and record["duration_ms"] == 0
     assert await ender.end("a", None) is None  # exactly once
+
+
+def test_remaining_header_stays_within_rfc8941_for_huge_limits() -> None:
+    import http_sfv
+
+    raw = bm.sf_dictionary({"max_cost_usd": 5e12, "max_steps": 10**20, "max_latency_ms": 2.5e13})
+    parsed = http_sfv.Dictionary()
+    parsed.parse(raw)  # raises on numbers RFC 8941 does not allow
+    assert parsed["max_steps"].value == 999_999_999_999_999
+    assert parsed["max_cost_usd"].params["micros"] == 999_999_999_999_999

@@ -127,3 +127,16 @@ def test_serve_with_bad_config_exits_nonzero(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "ragtoll.proxy", "serve", "--config", str(bad)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "upstreams[0].api" in out.stderr
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("budgets: {default_profile: p, profiles: {p: {max_cost_usd: .nan}}}", "a finite number >= 0"),
+    ("budgets: {default_profile: p, profiles: {p: {max_cost_usd: .inf}}}", "a finite number >= 0"),
+    ("store_timeout_ms: 0", "Config 'store_timeout_ms' has value 0. Expected a positive number of milliseconds"),
+    ("upstreams: [{name: a, kind: llm, url: 'http://x', timeouts: {read: -1}}]",
+     "Config 'upstreams[0].timeouts.read' has value -1.0. Expected a positive number of seconds."),
+])
+def test_limits_and_timeouts_must_be_finite_and_positive(tmp_path: Path, text: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        config.load({}, write(tmp_path, text))
+    assert needle in str(info.value)

@@ -3,13 +3,17 @@ with p99 added latency under 10 ms; then the same through 3 ragtoll processes sh
 
     python bench/soak.py --seconds 600          # the full soak (10 minutes per phase)
     python bench/soak.py --seconds 90           # a short run
-    python bench/soak.py --seconds 60 --rate 150 --skip-multi
+    python bench/soak.py --seconds 60 --rate 150 --skip-multi   # a fixed rate, one process only
 
 Traffic: chat JSON, chat SSE streams, retrieval with repeated (cache hit) and new (miss) queries,
 rerank, and calls that are meant to be refused (baggage lowers max_steps to 0: 429). Tasks rotate
 every 40 calls and end after 5 s idle, so the task table reaches a steady state during warm-up.
-Pass/fail: RSS growth after warm-up <= 10%, no file descriptor growth, zero errors apart from the
-intended 429s. Added latency = p99 through ragtoll minus p99 direct, per kind, same rate, same mix.
+The rate search raises the rate by 25% per step (--step-seconds each, through ragtoll and direct)
+until the worst per-kind p99 added latency reaches 10 ms; the soak then runs at --margin (0.8) of
+the last rate that passed, because a few seconds per step under-sample the p99 tail that minutes
+of load show. Pass/fail: RSS growth after warm-up <= 10%, no file descriptor growth, zero errors
+apart from the intended 429s, p99 added < 10 ms for every kind. Added latency = p99 through
+ragtoll minus p99 direct, per kind, same rate, same mix, latency counted from the scheduled send.
 Writes bench/results/soak.json.
 """
 
@@ -32,7 +36,7 @@ from typing import Any
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from support.redis_server import start_redis, stop_all  # noqa: E402
+from support.redis_server import start_redis, stop_all
 
 KINDS = ("chat", "stream", "search_hit", "search_miss", "rerank", "reject")
 WEIGHTS = (35, 10, 20, 15, 10, 10)
@@ -48,8 +52,8 @@ _CHAT = json.dumps({
     "usage": {"prompt_tokens": 30, "completion_tokens": 4, "total_tokens": 34}}).encode()
 _EVENTS = [b'data: {"id":"c","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[{"index":0,'
            b'"delta":{"content":"w%d "},"finish_reason":null}]}\n\n' % i for i in range(5)] + [
-    b'data: {"id":"c","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[{"index":0,"delta":{},'
-    b'"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":5,"total_tokens":35}}\n\n',
+    (b'data: {"id":"c","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[{"index":0,"delta":{},'
+     b'"finish_reason":"stop"}],"usage":{"prompt_tokens":30,"completion_tokens":5,"total_tokens":35}}\n\n'),
     b"data: [DONE]\n\n"]
 
 
@@ -228,6 +232,11 @@ def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError("server did not start")
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def proc_stats(pid: int) -> tuple[float, int]:
     rss = 0.0
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -263,22 +272,37 @@ def added_p99(rt: Results, direct: Results) -> dict[str, float]:
 
 
 def find_rate(rt_ports: list[int], up_port: int, start: float, step_s: float) -> tuple[float, list[dict[str, Any]]]:
-    """Raise the rate by 25% until p99 added latency passes 10 ms (or errors appear); the last good one."""
-    rate, good, ladder = start, 0.0, []
-    while rate < 5000:
-        rt = asyncio.run(drive(rt_ports, rate, step_s, direct=False, seed=7))
-        di = asyncio.run(drive([up_port], rate, step_s, direct=True, seed=7))
-        added = added_p99(rt, di)
-        worst = max(added.values())
-        achieved = rt.sent / rt.seconds
-        ok = worst < 10 and rt.errors == 0 and achieved >= 0.95 * rate
-        ladder.append({"rate": rate, "achieved": round(achieved, 1), "worst_added_p99_ms": worst, "errors": rt.errors})
-        print(f"  rate {rate:7.1f}/s: achieved {achieved:7.1f}/s, worst added p99 {worst:6.2f} ms, "
-              f"errors {rt.errors} -> {'ok' if ok else 'over'}", flush=True)
-        if not ok:
-            break
-        good, rate = rate, rate * 1.25
-    return good, ladder
+    """Raise the rate by 25% until p99 added latency passes 10 ms (or errors appear); the last good one.
+
+    A failing step is run once more before it counts (one noisy neighbour is not a limit); when the
+    first rate already fails, the search walks down instead."""
+    ladder: list[dict[str, Any]] = []
+
+    def step(rate: float) -> bool:
+        for _attempt in range(2):
+            rt = asyncio.run(drive(rt_ports, rate, step_s, direct=False, seed=7))
+            di = asyncio.run(drive([up_port], rate, step_s, direct=True, seed=7))
+            worst = max(added_p99(rt, di).values())
+            achieved = rt.sent / rt.seconds
+            ok = worst < 10 and rt.errors == 0 and achieved >= 0.95 * rate
+            ladder.append({"rate": round(rate, 1), "achieved": round(achieved, 1), "worst_added_p99_ms": worst,
+                           "errors": rt.errors, "ok": ok})
+            print(f"  rate {rate:7.1f}/s: achieved {achieved:7.1f}/s, worst added p99 {worst:6.2f} ms, "
+                  f"errors {rt.errors} -> {'ok' if ok else 'over'}", flush=True)
+            if ok:
+                return True
+        return False
+
+    rate = start
+    if not step(rate):
+        while rate > 5:
+            rate *= 0.8
+            if step(rate):
+                return rate, ladder
+        return rate, ladder
+    while rate < 5000 and step(rate * 1.25):
+        rate *= 1.25
+    return rate, ladder
 
 
 def soak(procs: list[subprocess.Popen[bytes]], ports: list[int], up_port: int, rate: float,
@@ -303,7 +327,9 @@ def soak(procs: list[subprocess.Popen[bytes]], ports: list[int], up_port: int, r
         await task
         return res
 
+    cpu0 = [cpu_seconds(p.pid) for p in procs]
     rt = asyncio.run(run())
+    cpu = [round((cpu_seconds(p.pid) - c) / rt.seconds * 100, 1) for p, c in zip(procs, cpu0, strict=True)]
     samples.append((rt.seconds, [proc_stats(p.pid) for p in procs]))
     direct = asyncio.run(drive([up_port], rate, min(30.0, seconds / 4), direct=True, seed=11))
     at_warm = next(s for t, s in samples if t >= warmup) if any(t >= warmup for t, _ in samples) else samples[0][1]
@@ -324,6 +350,7 @@ def soak(procs: list[subprocess.Popen[bytes]], ports: list[int], up_port: int, r
         "rss_mb_after_warmup": [round(s[0], 1) for s in at_warm], "rss_mb_end": [round(s[0], 1) for s in end],
         "rss_mb_peak_after_warmup": [round(x, 1) for x in peak_after], "rss_growth_pct": growth,
         "fds_after_warmup": [s[1] for s in at_warm], "fds_end": [s[1] for s in end],
+        "cpu_pct_of_one_core": cpu,
     }
     out["pass"] = (all(g <= 10 for g in growth) and all(end[i][1] <= at_warm[i][1] for i in range(len(procs)))
                    and rt.errors == 0 and max(out["added_p99_ms"].values()) < 10)
@@ -335,7 +362,9 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=600.0, help="soak length per phase (default 10 minutes)")
     ap.add_argument("--rate", type=float, help="skip the rate search and use this many requests/s")
     ap.add_argument("--start-rate", type=float, default=60.0, help="first rate of the search")
-    ap.add_argument("--step-seconds", type=float, default=5.0, help="length of each rate-search step")
+    ap.add_argument("--step-seconds", type=float, default=8.0, help="length of each rate-search step")
+    ap.add_argument("--margin", type=float, default=0.8,
+                    help="soak at this share of the searched rate: short search steps under-sample the p99 tail")
     ap.add_argument("--skip-multi", action="store_true", help="only the single-process phase")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ragtoll-soak-"))
@@ -356,7 +385,9 @@ def main() -> None:
             rate, ladder = args.rate, []
         else:
             print("rate search (one ragtoll process, memory store):", flush=True)
-            rate, ladder = find_rate([rt_port], up_port, args.start_rate, args.step_seconds)
+            found, ladder = find_rate([rt_port], up_port, args.start_rate, args.step_seconds)
+            rate = round(found * args.margin, 1)
+            results["rate_found"] = found
         results["rate_search"] = ladder
         print(f"soak: one process, memory store, {rate:.0f} req/s for {args.seconds:.0f} s", flush=True)
         results["single"] = soak([rt], [rt_port], up_port, rate, args.seconds)

@@ -6,18 +6,17 @@ the token. Examples are bounded so the run stays short.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from typing import Any
-
-import copy
 
 import httpx
 import pytest
 import schemathesis
-from schemathesis.checks import unsupported_method
 from conftest import ProxyFactory
 from hypothesis import HealthCheck, settings
 from ragtoll.proxy.admin import OPENAPI
+from schemathesis.checks import unsupported_method
 from support.faulty import FaultyUpstream
 
 TOKEN = "reliability-admin-token"

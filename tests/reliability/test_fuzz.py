@@ -122,7 +122,7 @@ def test_remaining_header_is_valid_rfc8941_and_never_negative(limits: dict[str, 
                          max_cost_usd=st.none() | st.floats(0, 100)),
        members=st.dictionaries(MEMBER_KEY, MEMBER_VALUE, max_size=6))
 def test_plain_baggage_can_only_lower_limits(profile: Profile, members: dict[str, str]) -> None:
-    limits, notes = bm.effective_limits(profile, members)
+    limits, _notes = bm.effective_limits(profile, members)
     base = profile.limits()
     for dim, value in limits.items():
         assert math.isfinite(value) and value >= 0
@@ -136,7 +136,7 @@ def test_plain_baggage_can_only_lower_limits(profile: Profile, members: dict[str
        key=st.none() | st.binary(min_size=32, max_size=40), now=st.floats(0, 2e9))
 def test_signed_baggage_never_raises_and_unsigned_never_raises_limits(members: dict[str, str], task: str,
                                                                       key: bytes | None, now: float) -> None:
-    raises, notes = verify_budget_baggage(members, task, key, now)
+    raises, _notes = verify_budget_baggage(members, task, key, now)
     if "ragtoll.budget.sig" not in members:
         assert raises == {}
 

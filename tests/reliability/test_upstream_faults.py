@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from urllib.parse import quote
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest

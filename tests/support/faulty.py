@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Self
 
 import orjson
 
@@ -63,7 +64,7 @@ class FaultyUpstream:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def __enter__(self) -> FaultyUpstream:
+    def __enter__(self) -> Self:
         started = threading.Event()
 
         def run() -> None:

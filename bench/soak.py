@@ -245,12 +245,13 @@ def proc_stats(pid: int) -> tuple[float, int]:
     return rss, len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def start_ragtoll(upstream: str, store: str, tmp: Path, name: str) -> tuple[subprocess.Popen[bytes], int]:
+def start_ragtoll(upstream: str, store: str, tmp: Path, name: str, idle_s: float = 5.0,
+                  export: bool = True) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(json.dumps({
         "server": {"host": "127.0.0.1", "port": port}, "store": store,
-        "tasks": {"idle_timeout_s": 5},
+        "tasks": {"idle_timeout_s": idle_s},
         "budgets": {"default_profile": "soak", "records_file": str(tmp / f"{name}-records.jsonl"),
                     "profiles": {"soak": {"max_steps": 1000, "max_retrieval_calls": 1000, "max_rerank_calls": 1000}}},
         "upstreams": [
@@ -260,7 +261,7 @@ def start_ragtoll(upstream: str, store: str, tmp: Path, name: str) -> tuple[subp
         ],
     }))
     env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": upstream, "OTEL_METRICS_EXPORTER": "none",
-           "RAGTOLL_ADMIN_TOKEN": "soak"}
+           "RAGTOLL_ADMIN_TOKEN": "soak", **({} if export else {"OTEL_SDK_DISABLED": "true"})}
     p = subprocess.Popen([sys.executable, "-m", "ragtoll.proxy", "serve", "--config", str(cfg)], env=env,
                          stdout=subprocess.DEVNULL)
     wait_port(port, p)
@@ -366,6 +367,8 @@ def main() -> None:
     ap.add_argument("--margin", type=float, default=0.8,
                     help="soak at this share of the searched rate: short search steps under-sample the p99 tail")
     ap.add_argument("--skip-multi", action="store_true", help="only the single-process phase")
+    ap.add_argument("--idle-timeout", type=float, default=5.0, help="tasks.idle_timeout_s of the ragtoll processes")
+    ap.add_argument("--no-export", action="store_true", help="OTEL_SDK_DISABLED=true (no span export): for diagnosis")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ragtoll-soak-"))
     procs: list[subprocess.Popen[bytes]] = []
@@ -379,7 +382,7 @@ def main() -> None:
         procs.append(up)
         wait_port(up_port, up)
         upstream = f"http://127.0.0.1:{up_port}"
-        rt, rt_port = start_ragtoll(upstream, "memory", tmp, "single")
+        rt, rt_port = start_ragtoll(upstream, "memory", tmp, "single", args.idle_timeout, not args.no_export)
         procs.append(rt)
         if args.rate:
             rate, ladder = args.rate, []
@@ -398,7 +401,8 @@ def main() -> None:
         if not args.skip_multi:
             node = start_redis()
             redis_nodes.append(node)
-            multi = [start_ragtoll(upstream, node.url, tmp, f"multi{i}") for i in range(3)]
+            multi = [start_ragtoll(upstream, node.url, tmp, f"multi{i}", args.idle_timeout, not args.no_export)
+                     for i in range(3)]
             procs.extend(p for p, _ in multi)
             print(f"soak: three processes sharing Redis, {rate:.0f} req/s in all for {args.seconds:.0f} s", flush=True)
             results["multi"] = soak([p for p, _ in multi], [port for _, port in multi], up_port, rate, args.seconds)
@@ -415,6 +419,8 @@ def main() -> None:
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     name = "soak.json" if args.seconds >= 600 else "soak-short.json"
+    if args.no_export or args.idle_timeout != 5.0 or args.rate:
+        name = name.replace(".json", "-variant.json")  # diagnosis runs never overwrite the reference numbers
     (out / name).write_text(json.dumps(results, indent=2))
     print(f"written: bench/results/{name}")
 

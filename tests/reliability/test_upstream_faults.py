@@ -68,6 +68,7 @@ def new_task() -> str:
 @pytest.mark.parametrize(("fault", "status", "code"), [
     ("reset-before-headers", 502, "upstream_unavailable"),
     ("garbage", 502, "upstream_unavailable"),
+    ("no-headers", 504, "upstream_timeout"),
 ])
 def test_failure_before_headers_is_a_json_error_and_releases_the_reservation(
         proxy: ProxyFactory, faulty: FaultyUpstream, telemetry: Telemetry, fault: str, status: int, code: str) -> None:

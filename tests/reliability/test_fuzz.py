@@ -238,3 +238,37 @@ def test_config_load_of_odd_yaml_gives_settings_or_a_config_error(tmp_path: Any,
         assert isinstance(config.load({}, str(path)), config.Settings)
     except ConfigError as exc:
         assert str(exc).startswith("Config ")
+
+
+# --- identity from JWTs ---------------------------------------------------------------------------
+
+def _b64(doc: Any) -> str:
+    import base64
+    import json
+
+    raw = json.dumps(doc).encode()  # stdlib: big integers and NaN too
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+JWT_HEADER = st.fixed_dictionaries({"alg": st.sampled_from(["HS256", "none", "None", "RS256", "HS512", "", "hs256"])},
+                                   optional={"typ": st.just("JWT"), "kid": st.text(max_size=8),
+                                             "crit": st.lists(st.text(max_size=4), max_size=2)})
+JWT_CLAIMS = st.fixed_dictionaries({}, optional={"sub": st.text(max_size=8) | st.integers(), "exp": st.integers(-2**40, 2**40)
+                                                 | st.floats() | st.text(max_size=4), "aud": st.text(max_size=6),
+                                                 "groups": ANY, "tenant": ANY})
+FORGED = st.one_of(
+    HEADER_TEXT,
+    st.builds(lambda h, c, sig: f"{_b64(h)}.{_b64(c)}.{sig}", JWT_HEADER, JWT_CLAIMS,
+              st.sampled_from(["", "AAAA", "sig", "-_-_"])),
+)
+
+
+@FAST
+@given(token=FORGED, scheme=st.sampled_from(["Bearer ", "bearer ", "Basic ", ""]))
+def test_forged_tokens_never_give_an_identity(token: str, scheme: str) -> None:
+    from ragtoll.proxy.cache.principal import PrincipalResolver
+    from ragtoll.proxy.config import IdentityConfig
+
+    resolver = PrincipalResolver(IdentityConfig(mode="jwt"), env={"RAGTOLL_JWT_SECRET": "s" * 32})
+    resolution = resolver.resolve({"authorization": scheme + token})
+    assert resolution.principal is None and resolution.reason.startswith("identity:")

@@ -6,7 +6,9 @@ config loader. Every input gets a defined outcome; no other exception escapes.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import math
 import re
 import typing
@@ -18,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ragtoll.proxy import budget as bm
 from ragtoll.proxy import config
-from ragtoll.proxy.config import DIMENSIONS, Profile, TasksConfig
+from ragtoll.proxy.cache.principal import PrincipalResolver
+from ragtoll.proxy.config import DIMENSIONS, IdentityConfig, Profile, TasksConfig
 from ragtoll.proxy.errors import ConfigError, TaskRequired
 from ragtoll.proxy.signing import sign_budget, verify_budget_baggage
 from ragtoll.proxy.stages.identify import (
@@ -243,9 +246,6 @@ def test_config_load_of_odd_yaml_gives_settings_or_a_config_error(tmp_path: Any,
 # --- identity from JWTs ---------------------------------------------------------------------------
 
 def _b64(doc: Any) -> str:
-    import base64
-    import json
-
     raw = json.dumps(doc).encode()  # stdlib: big integers and NaN too
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
@@ -266,9 +266,6 @@ FORGED = st.one_of(
 @FAST
 @given(token=FORGED, scheme=st.sampled_from(["Bearer ", "bearer ", "Basic ", ""]))
 def test_forged_tokens_never_give_an_identity(token: str, scheme: str) -> None:
-    from ragtoll.proxy.cache.principal import PrincipalResolver
-    from ragtoll.proxy.config import IdentityConfig
-
     resolver = PrincipalResolver(IdentityConfig(mode="jwt"), env={"RAGTOLL_JWT_SECRET": "s" * 32})
     resolution = resolver.resolve({"authorization": scheme + token})
     assert resolution.principal is None and resolution.reason.startswith("identity:")

@@ -63,14 +63,14 @@ def test_published_description_is_the_one_served(admin_base: str) -> None:
 
 
 @schema.parametrize()
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 def test_admin_api_conforms_with_the_token(case: Any, admin_base: str) -> None:
     case.call_and_validate(base_url=admin_base, headers={"authorization": f"Bearer {TOKEN}"},
                            excluded_checks=EXCLUDED)
 
 
 @schema.parametrize()
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=15, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 def test_admin_api_serves_nothing_without_the_token(case: Any, admin_base: str) -> None:
     response = case.call(base_url=admin_base, headers={"authorization": "Bearer not-the-token"})
     assert response.status_code < 500
@@ -79,5 +79,8 @@ def test_admin_api_serves_nothing_without_the_token(case: Any, admin_base: str) 
     elif case.path == "/admin/openapi.json":
         assert response.status_code == 200
     else:
-        assert response.status_code == 401, (case.path, response.status_code)
-        assert response.json()["error"]["code"] == "unauthorized"
+        # 401, or - for a task id no admin route can match (empty, a raw newline) - the proxy's
+        # route_not_found 404; never task_not_found, which would tell a stranger what exists
+        code = response.json()["error"]["code"]
+        assert (response.status_code, code) in ((401, "unauthorized"), (404, "route_not_found")), \
+            (case.formatted_path, response.status_code, code)

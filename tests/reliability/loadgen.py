@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import httpx
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
+CHAT_PATH = "/openai/v1/chat/completions"
+SEARCH_PATH = "/docs/search"  # a `json` retrieval route: the evidence cache serves its repeats
 
 
 @dataclass(frozen=True)
@@ -25,17 +27,22 @@ class Answer:
 
 
 def run_load(base: str, tasks: list[str], seconds: float, schedule: list[tuple[float, Callable[[], None]]],
-             path: str = "/openai/v1/chat/completions") -> list[Answer]:
-    """Call `path` for every task in a loop for `seconds`; run each `(at_s, action)` in a thread
-    at its time (actions block: killing and starting processes)."""
+             search: bool = False) -> list[Answer]:
+    """Call chat (and, with `search`, every other call a retrieval from 4 repeating queries) for
+    every task in a loop for `seconds`; run each `(at_s, action)` in a thread at its time
+    (actions block: killing and starting processes)."""
     answers: list[Answer] = []
 
     async def worker(task: str, deadline: float) -> None:
         async with httpx.AsyncClient(timeout=15) as http:
+            i = 0
             while time.monotonic() < deadline:
+                i += 1
                 t0 = time.monotonic()
+                path, doc = (SEARCH_PATH, {"query": f"refund window {i % 4}", "top_k": 3}) \
+                    if search and i % 2 else (CHAT_PATH, CHAT)
                 try:
-                    r = await http.post(base + path, json=CHAT, headers={"x-ragtoll-task-id": task})
+                    r = await http.post(base + path, json=doc, headers={"x-ragtoll-task-id": task})
                 except httpx.HTTPError:
                     answers.append(Answer(task, 0, False, time.monotonic() - t0))
                     continue

@@ -1,10 +1,11 @@
 """Store faults under load, with real redis-server processes: killed and restarted, paused
 (SIGSTOP: connections open, no answers), and a Redis Cluster master failing over to its replica.
 
-`on_store_error: open`: no call fails because of the store - every answer is the upstream's,
-calls made while it is away are forwarded and marked degraded, and after it returns the ledger
-never under-counts an admitted call. `closed`: a 503 JSON within the store timeout (+2 s of
-slack, never a hang), and service resumes when the store does.
+`on_store_error: open` (chat and cached retrieval): no call fails because of the store - every
+answer is the upstream's or the evidence cache's - calls made while it is away are forwarded and
+marked degraded, and after it returns the ledger never under-counts an admitted call. `closed`:
+a 503 JSON within the store timeout (+2 s of slack, never a hang), and service resumes when the
+store does.
 """
 
 from __future__ import annotations
@@ -44,6 +45,10 @@ def faulty() -> Iterator[FaultyUpstream]:
         yield up
 
 
+def with_search(url: str) -> list[dict[str, Any]]:
+    return [*routes(url), {"name": "docs", "kind": "retrieval", "api": "json", "url": url, "prefix": "/docs"}]
+
+
 def durable_redis() -> RedisProcess:
     # every write reaches disk before the reply, so a kill -9 loses nothing that was acknowledged
     return start_redis(["--appendonly", "yes", "--appendfsync", "always"])
@@ -79,9 +84,9 @@ def test_open_store_outage_under_load_fails_no_call(proxy: ProxyFactory, faulty:
     else:
         schedule = [(0.8, lambda: pause(server)), (1.8, lambda: resume(server))]
     try:
-        with proxy(upstreams=routes(faulty.url), store=server.url, on_store_error="open",
+        with proxy(upstreams=with_search(faulty.url), store=server.url, on_store_error="open",
                    store_timeout_ms=STORE_TIMEOUT_MS, budgets=BUDGETS) as base, httpx.Client(timeout=10) as http:
-            answers = run_load(base, tasks, 4.0, schedule)
+            answers = run_load(base, tasks, 4.0, schedule, search=True)
             time.sleep(0.3)  # the last settles land
             ledgers = {t: ledger(http, base, t) for t in tasks}
     finally:
@@ -95,9 +100,10 @@ def test_open_store_outage_under_load_fails_no_call(proxy: ProxyFactory, faulty:
     assert degraded_spans(telemetry) == unbudgeted  # every forwarded-without-budget call says so on its span
     for t in tasks:
         admitted = sum(1 for a in answers if a.task == t and a.budgeted)
-        steps = ledgers[t]["used"]["steps"]
+        calls = ledgers[t]["used"]["calls"]
         # never under-counted; over-counted at most by calls whose reply was lost in the outage
-        assert admitted <= steps <= admitted + unbudgeted[t], (t, admitted, steps, unbudgeted[t])
+        assert admitted <= calls <= admitted + unbudgeted[t], (t, admitted, calls, unbudgeted[t])
+    assert sum(ledgers[t]["used"]["cache_hits"] for t in tasks) > 0  # the evidence cache served repeats
 
 
 @pytest.mark.parametrize("fault", ["kill", "pause"])

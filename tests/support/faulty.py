@@ -33,6 +33,16 @@ def sse_event(i: int) -> bytes:
     return b"data: " + orjson.dumps(doc) + b"\n\n"
 
 
+def search_results(request: bytes) -> bytes:
+    """A retrieval answer (the `json` adapter's default shape) that depends on the query."""
+    try:
+        query = str(orjson.loads(request).get("query", ""))
+    except (orjson.JSONDecodeError, AttributeError):
+        query = ""
+    return orjson.dumps({"results": [{"id": f"{query[:20]}-{i}", "text": f"chunk {i} about {query}",
+                                      "score": 0.9 - i / 10} for i in range(3)]})
+
+
 def _chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
@@ -154,8 +164,9 @@ class FaultyUpstream:
         sse = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         fault = seen.fault
         if fault == "ok":
+            body = search_results(seen.body) if seen.path.split("?")[0].endswith("/search") else CHAT
             await self._send(seen, writer, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\n\r\n" % len(CHAT) + CHAT)
+                             b"content-length: %d\r\n\r\n" % len(body) + body)
             return True
         if fault == "reset-before-headers":
             _reset(writer)

@@ -73,12 +73,24 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
 
 
+CALLS_PER_TASK = 8  # a realistic agent task: ragtoll keeps a budget ledger per task
+_calls = 0
+
+
+def task_header() -> dict[str, str]:
+    """Every CALLS_PER_TASK calls form one task (sent to every target; only ragtoll reads it)."""
+    global _calls
+    _calls += 1
+    return {"x-ragtoll-task-id": f"bench-{os.getpid()}-{_calls // CALLS_PER_TASK}"}
+
+
 async def latency(targets: dict[str, tuple[int, str]], path_kind: str, body: bytes, n: int) -> dict[str, list[float]]:
     conns = {name: Conn("127.0.0.1", port) for name, (port, _) in targets.items()}
     out: dict[str, list[float]] = {name: [] for name in targets}
     for i in range(n + 50):
+        headers = task_header()
         for name, (port, prefix) in targets.items():  # alternate targets request by request
-            t = await conns[name].request("POST", prefix + path_kind, body)
+            t = await conns[name].request("POST", prefix + path_kind, body, headers)
             assert t.status == 200, (name, t.status)
             if i >= 50:  # warm-up
                 out[name].append(t.total_s * 1000)
@@ -91,8 +103,9 @@ async def streaming(targets: dict[str, tuple[int, str]], n: int) -> dict[str, tu
     out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in targets}
     conns = {name: Conn("127.0.0.1", port) for name, (port, _) in targets.items()}
     for i in range(n + 5):
+        headers = task_header()
         for name, (_port, prefix) in targets.items():
-            t = await conns[name].stream_first_byte(prefix + "/v1/chat/completions", STREAM)
+            t = await conns[name].stream_first_byte(prefix + "/v1/chat/completions", STREAM, headers)
             if i >= 5:
                 out[name][0].append(t.first_byte_s * 1000)
                 out[name][1].append(t.total_s * 1000)
@@ -107,6 +120,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3000, help="latency samples per target and kind")
     ap.add_argument("--seconds", type=float, default=8.0, help="throughput window per target")
     ap.add_argument("--rss-requests", type=int, default=100_000)
+    ap.add_argument("--no-export", action="store_true", help="tracing on but nothing exported (diagnosis)")
     args = ap.parse_args()
     if args.quick:
         args.requests, args.seconds, args.rss_requests = 300, 2.0, 5000
@@ -121,13 +135,20 @@ def main() -> None:
         cfg = Path(tempfile.mkdtemp()) / "ragtoll.yaml"
         cfg.write_text(json.dumps({
             "server": {"host": "127.0.0.1", "port": rt_port},
-            "tasks": {"untracked": "per-call"},
+            # every dimension limited (all are checked on every call), none reached by an 8-call task
+            "budgets": {"records_file": str(cfg.parent / "tasks.jsonl"), "default_profile": "bench", "profiles": {
+                "bench": {"max_steps": 8, "max_calls": 8, "max_retrieval_calls": 8, "max_unique_queries": 8,
+                          "max_rerank_calls": 8, "max_context_tokens": 100000, "max_prompt_tokens": 8000,
+                          "max_completion_tokens": 20000, "max_cost_usd": 1.0, "max_latency_ms": 600000,
+                          "max_stalled_retrievals": 8}}},
             "upstreams": [
                 {"name": "openai", "kind": "llm", "api": "openai", "url": upstream, "prefix": "/openai"},
                 {"name": "docs", "kind": "retrieval", "api": "passthrough", "url": upstream, "prefix": "/docs"},
             ],
         }))
         env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": upstream, "OTEL_METRICS_EXPORTER": "none"}
+        if args.no_export:
+            env["OTEL_TRACES_EXPORTER"] = "none"
         rt = subprocess.Popen([sys.executable, "-m", "ragtoll.proxy", "serve", "--config", str(cfg)], env=env)
         procs.append(rt)
         wait_port(rt_port, rt)

@@ -4,7 +4,9 @@ the measurement. Handles content-length and chunked responses; reports first-byt
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
+import uuid
 from dataclasses import dataclass
 
 
@@ -57,13 +59,14 @@ class Conn:
             await self.reader.readexactly(length)
         return Timing(status, t_first, time.perf_counter() - t0)
 
-    async def stream_first_byte(self, path: str, body: bytes) -> Timing:
+    async def stream_first_byte(self, path: str, body: bytes, headers: dict[str, str] | None = None) -> Timing:
         """For SSE: time to the first body chunk (first event), then drain."""
         if self.writer is None:
             await self.open()
         assert self.reader is not None and self.writer is not None
         head = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(body)}",
                 "Content-Type: application/json"]
+        head += [f"{k}: {v}" for k, v in (headers or {}).items()]
         t0 = time.perf_counter()
         self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
         status = int((await self.reader.readline()).split(b" ", 2)[1])
@@ -89,18 +92,30 @@ class Conn:
             self.writer = None
 
 
+CALLS_PER_TASK = 8
+
+
+_RUN = uuid.uuid4().hex[:8]
+
+
+def task_headers(n: int, phase: str) -> dict[str, str]:
+    """Calls n .. n+7 of a phase form one agent task (only ragtoll reads the header; others pass it on)."""
+    return {"x-ragtoll-task-id": f"load-{_RUN}-{phase}-{n // CALLS_PER_TASK}"}
+
+
 async def throughput(host: str, port: int, path: str, body: bytes, seconds: float, concurrency: int) -> tuple[int, int]:
     """Completed requests and non-2xx count in `seconds` with `concurrency` keep-alive connections."""
     deadline = time.perf_counter() + seconds
     done = 0
     errors = 0
+    sent = itertools.count()
 
     async def worker() -> None:
         nonlocal done, errors
         c = Conn(host, port)
         try:
             while time.perf_counter() < deadline:
-                t = await c.request("POST", path, body)
+                t = await c.request("POST", path, body, task_headers(next(sent), f"t{port}"))
                 done += 1
                 if t.status >= 300:
                     errors += 1
@@ -122,7 +137,7 @@ async def count_requests(host: str, port: int, path: str, body: bytes, total: in
         try:
             while remaining > 0:
                 remaining -= 1
-                if (await c.request("POST", path, body)).status >= 300:
+                if (await c.request("POST", path, body, task_headers(remaining, f"c{port}"))).status >= 300:
                     errors += 1
         finally:
             await c.close()

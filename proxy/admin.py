@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hmac
 import os
+import re
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +25,8 @@ from .config import DIMENSIONS, Settings
 from .records import TaskEnder, _iso
 
 MAX_BODY = 4096
+MAX_REMEMBERED_ENDED = 100_000  # task ids that may still get a late outcome on this replica
+_TASK_ID_RE = re.compile(r"^[A-Za-z0-9._:~@/+=-]{1,128}$")
 
 
 def read_secret(env: Mapping[str, str], env_name: str | None, file: str | None) -> bytes | None:
@@ -72,13 +76,30 @@ class AdminApi:
         self.settings = settings
         env = os.environ if env is None else env
         self._token = read_secret(env, settings.admin.token_env, settings.admin.token_file)
-        self.ender: TaskEnder | None = None
+        self._ender: TaskEnder | None = None
+        self._ended: OrderedDict[str, None] = OrderedDict()  # recently ended here, for late outcomes
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
+
+    @property
+    def ender(self) -> TaskEnder | None:
+        return self._ender
+
+    @ender.setter
+    def ender(self, ender: TaskEnder | None) -> None:
+        self._ender = ender
+        if ender is not None:
+            ender.listeners.append(self._remember_ended)
+
+    def _remember_ended(self, record: dict[str, Any]) -> None:
+        self._ended[str(record["task_id"])] = None
+        while len(self._ended) > MAX_REMEMBERED_ENDED:
+            self._ended.popitem(last=False)
 
     def routes(self) -> list[Route]:
         return [
             Route("/admin/openapi.json", self.openapi, methods=["GET"]),
             Route("/admin/tasks/{task_id:path}/end", self.end_task, methods=["POST"]),
+            Route("/admin/tasks/{task_id:path}/outcome", self.post_outcome, methods=["POST"]),
             Route("/admin/tasks/{task_id:path}", self.get_task, methods=["GET"]),
         ]
 
@@ -139,6 +160,38 @@ class AdminApi:
         if record is None:
             return _error(404, "task_not_found", f"no active task {task_id[:200]!r}")
         return _json(record)
+
+    async def post_outcome(self, request: Request) -> Response:
+        """Record a verdict on a running task, or one this replica ended, as an outcome entry in the
+        record sink (`{"kind": "outcome", ...}`); `ragtoll report` applies a task's last verdict to
+        its record. Other task ids get 404 (post the verdict with the end call instead)."""
+        if (denied := self._denied(request)) is not None:
+            return denied
+        task_id = request.path_params["task_id"]
+        if not _TASK_ID_RE.match(task_id):  # the alphabet task identity accepts (stages/identify.py)
+            return _error(400, "invalid_task_id", "not a task id: 1-128 of A-Z a-z 0-9 . _ : ~ @ / + = -")
+        body = await request.body()
+        if len(body) > MAX_BODY:
+            return _error(413, "body_too_large", f"body larger than {MAX_BODY} bytes")
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            doc = None
+        if not isinstance(doc, dict) or set(doc) != {"correct"} or not isinstance(doc["correct"], bool):
+            return _error(400, "invalid_body", 'body must be {"correct": true|false}')
+        entry = {"kind": "outcome", "task_id": task_id, "outcome": {"correct": doc["correct"]},
+                 "at": _iso(self._wall_ms())}
+        try:
+            known = task_id in self._ended or await self.ender.store.get_task(task_id) is not None  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - any store failure is a 503 here
+            return _error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
+        if not known:
+            return _error(404, "task_not_found", f"no running or recently ended task {task_id[:200]!r}")
+        try:
+            await self.ender.sink.append(entry)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - a failing sink is a 503 here, nothing else changes
+            return _error(503, "sink_unavailable", f"the task record sink failed: {type(exc).__name__}")
+        return _json(entry)
 
     async def openapi(self, request: Request) -> Response:
         return _json(OPENAPI)
@@ -203,6 +256,19 @@ OPENAPI: dict[str, Any] = {
                 "400": {"description": "invalid body", "content": {"application/json": {"schema": _ERROR}}},
                 "401": {"description": "missing or wrong token", "content": {"application/json": {"schema": _ERROR}}},
                 "404": {"description": "no active task", "content": {"application/json": {"schema": _ERROR}}}}}},
+        "/admin/tasks/{task_id}/outcome": {"post": {
+            "summary": "Record whether a task's answer was correct (running or ended task); appended to the "
+                       "record sink as an outcome entry that `ragtoll report` applies", "parameters": [_TASK_ID],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "additionalProperties": False, "required": ["correct"],
+                "properties": {"correct": {"type": "boolean"}}}}}},
+            "responses": {"200": {"description": "the outcome entry written"},
+                "400": {"description": "invalid body", "content": {"application/json": {"schema": _ERROR}}},
+                "401": {"description": "missing or wrong token", "content": {"application/json": {"schema": _ERROR}}},
+                "404": {"description": "no running or recently ended task",
+                        "content": {"application/json": {"schema": _ERROR}}},
+                "413": {"description": "body too large", "content": {"application/json": {"schema": _ERROR}}},
+                "503": {"description": "the store or the sink failed", "content": {"application/json": {"schema": _ERROR}}}}}},
         "/admin/openapi.json": {"get": {"summary": "This description", "security": [],
                                         "responses": {"200": {"description": "OpenAPI 3.1"}}}},
     },

@@ -243,3 +243,45 @@ def test_outcomes_posted_later_override_the_records(tmp_path: pathlib.Path) -> N
     path.write_text('{"kind": "outcome", "task_id": "t1", "outcome": {"correct": "yes"}}\n')
     with pytest.raises(report.ReportError, match=":1: an outcome entry needs"):
         report.read_jsonl(str(path))
+
+
+def test_outcomes_posted_through_the_admin_api_reach_the_report(
+    proxy: ProxyFactory, tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import httpx
+    import openai
+
+    token = tmp_path / "token"
+    token.write_text("admin-secret")
+    records = tmp_path / "records.jsonl"
+    auth = {"authorization": "Bearer admin-secret"}
+    with proxy(admin={"token_file": str(token)}, budgets={"records_file": str(records)}) as base:
+        client = openai.OpenAI(base_url=f"{base}/openai/v1", api_key="sk-test", max_retries=0)
+        for task in ("judged-late", "judged-early"):
+            client.chat.completions.create(
+                model="gpt-4o-mini",
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"x-ragtoll-task-id": task},
+            )
+        early = httpx.post(f"{base}/admin/tasks/judged-early/outcome", json={"correct": False}, headers=auth)
+        assert early.status_code == 200 and early.json()["outcome"] == {"correct": False}
+        for task in ("judged-late", "judged-early"):
+            assert httpx.post(f"{base}/admin/tasks/{task}/end", headers=auth).status_code == 200
+        late = httpx.post(f"{base}/admin/tasks/judged-late/outcome", json={"correct": True}, headers=auth)
+        assert late.status_code == 200
+        bad = httpx.post(f"{base}/admin/tasks/judged-late/outcome", json={"correct": "yes"}, headers=auth)
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_body"
+        assert (
+            httpx.post(f"{base}/admin/tasks/judged-late/outcome", json={"correct": True}).status_code == 401
+        )
+        unknown = httpx.post(f"{base}/admin/tasks/never-seen/outcome", json={"correct": True}, headers=auth)
+        assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "task_not_found"
+    recs = {r["task_id"]: r for r in report.read_jsonl(str(records))}
+    assert (
+        recs["judged-late"]["outcome"] == {"correct": True}
+        and recs["judged-late"]["end_reason"] == "explicit"
+    )
+    assert recs["judged-early"]["outcome"] == {"correct": False}
+    assert main(["report", str(records), "--format", "json"]) == 0
+    rows = orjson.loads(capsys.readouterr().out)
+    assert (rows[-1]["tasks"], rows[-1]["judged"], rows[-1]["correct"]) == (2, 2, 1)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hmac
 import os
-import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -23,10 +22,10 @@ from starlette.routing import Route
 from . import budget as bm
 from .config import DIMENSIONS, Settings
 from .records import TaskEnder, _iso
+from .stages.identify import TASK_ID_PATTERN
 
 MAX_BODY = 4096
 MAX_REMEMBERED_ENDED = 100_000  # task ids that may still get a late outcome on this replica
-_TASK_ID_RE = re.compile(r"^[A-Za-z0-9._:~@/+=-]{1,128}$")
 
 
 def read_secret(env: Mapping[str, str], env_name: str | None, file: str | None) -> bytes | None:
@@ -168,7 +167,7 @@ class AdminApi:
         if (denied := self._denied(request)) is not None:
             return denied
         task_id = request.path_params["task_id"]
-        if not _TASK_ID_RE.match(task_id):  # the alphabet task identity accepts (stages/identify.py)
+        if not TASK_ID_PATTERN.match(task_id):
             return _error(400, "invalid_task_id", "not a task id: 1-128 of A-Z a-z 0-9 . _ : ~ @ / + = -")
         body = await request.body()
         if len(body) > MAX_BODY:
@@ -179,8 +178,6 @@ class AdminApi:
             doc = None
         if not isinstance(doc, dict) or set(doc) != {"correct"} or not isinstance(doc["correct"], bool):
             return _error(400, "invalid_body", 'body must be {"correct": true|false}')
-        entry = {"kind": "outcome", "task_id": task_id, "outcome": {"correct": doc["correct"]},
-                 "at": _iso(self._wall_ms())}
         try:
             known = task_id in self._ended or await self.ender.store.get_task(task_id) is not None  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - any store failure is a 503 here
@@ -188,7 +185,7 @@ class AdminApi:
         if not known:
             return _error(404, "task_not_found", f"no running or recently ended task {task_id[:200]!r}")
         try:
-            await self.ender.sink.append(entry)  # type: ignore[union-attr]
+            entry = await self.ender.record_outcome(task_id, doc["correct"])  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - a failing sink is a 503 here, nothing else changes
             return _error(503, "sink_unavailable", f"the task record sink failed: {type(exc).__name__}")
         return _json(entry)

@@ -117,6 +117,9 @@ class RagtollApp:
         ender = TaskEnder(store, open_sink(store, self.settings.budgets.records_file),
                           self.settings.tasks.idle_timeout_s)
         ender.listeners.append(self._task_ended)
+        for stage in self.pipeline.stages:
+            if isinstance(stage, BudgetStage):
+                stage.on_outcome = ender.record_outcome
         self.admin.ender = ender
         sweeper = asyncio.get_running_loop().create_task(_sweep(ender, self.settings.tasks.idle_timeout_s))
         try:
@@ -222,7 +225,7 @@ async def _sweep(ender: TaskEnder, idle_timeout_s: float) -> None:
 
 
 def _epoch_ns(iso: str) -> int:
-    return int(datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp() * 1e9)
+    return int(datetime.fromisoformat(iso).timestamp() * 1e9)  # Python 3.11 reads a trailing Z
 
 
 async def _json(send: Send, status: int, body: bytes) -> None:

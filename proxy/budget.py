@@ -332,10 +332,13 @@ def query_key_of(query: str | None) -> str | None:
     return " ".join(query.lower().split())[:512] or None
 
 
-def first_query(prompt_texts: list[str], query: str | None) -> str | None:
-    """The text the classifier reads: the retrieval query, else the last prompt text."""
+def first_query(prompt_texts: list[str], query: str | None, user_text: str | None = None) -> str | None:
+    """The text the classifier reads: the retrieval query, else the last user message, else the
+    last prompt text (never the tool definitions when a user message is known)."""
     if query:
         return query
+    if user_text:
+        return user_text
     return prompt_texts[-1] if prompt_texts else None
 
 

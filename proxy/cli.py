@@ -83,8 +83,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     import uvicorn
     from opentelemetry import metrics, trace
-
     from ragtoll.instrumentation import setup
+
     from .app import build_app
     from .config import Settings
 

@@ -56,6 +56,7 @@ class Call:
     prompt_estimated: bool = False  # True when not counted with the model's own encoding
     prompt_texts: list[str] = field(default_factory=list)
     query: str | None = None  # retrieval / rerank query, as sent
+    user_text: str | None = None  # LLM calls: the last user message (what the classifier reads)
     query_vector: list[float] | None = None
     filters: Any = None  # canonical filters (retrieval)
     top_k: int | None = None

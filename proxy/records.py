@@ -140,6 +140,14 @@ class TaskEnder:
             return {**record, "record_written": False}
         return record
 
+    async def record_outcome(self, task_id: str, correct: bool) -> dict[str, Any]:
+        """Append a verdict on a task (`{"kind": "outcome", ...}`); `ragtoll report` applies a task's
+        last verdict to its record, whether it came before or after the task ended."""
+        entry = {"kind": "outcome", "task_id": task_id, "outcome": {"correct": correct},
+                 "at": _iso(self._wall_ms())}
+        await self.sink.append(entry)
+        return entry
+
     async def sweep(self) -> int:
         """End every task idle for longer than the idle timeout; returns how many ended."""
         cutoff = self._wall_ms() - self.idle_ms

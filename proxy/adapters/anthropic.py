@@ -85,6 +85,10 @@ def read_messages(doc: dict[str, Any], call: Call) -> None:
         if isinstance(m, dict):
             messages += 1
             _blocks_text(m.get("content"), texts)
+            if m.get("role") == "user":
+                parts: list[str] = []
+                _blocks_text(m.get("content"), parts)
+                call.user_text = " ".join(parts) or call.user_text
     for tool in doc.get("tools") or []:
         if isinstance(tool, dict):
             texts.append(json_text({k: tool[k] for k in ("name", "description", "input_schema") if k in tool}))

@@ -124,6 +124,10 @@ def read_chat(doc: dict[str, Any], call: Call) -> None:
             continue
         messages += 1
         _parts_text(m.get("content"), texts)
+        if m.get("role") == "user":
+            parts: list[str] = []
+            _parts_text(m.get("content"), parts)
+            call.user_text = " ".join(parts) or call.user_text
         for tc in m.get("tool_calls") or []:
             fn = tc.get("function") if isinstance(tc, dict) else None
             if isinstance(fn, dict):

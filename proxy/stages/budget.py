@@ -15,11 +15,12 @@ import os
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ragtoll.instrumentation import semconv as sc
+
 from .. import budget as bm
 from ..budget import Actual, Charge, Ledger, Reservation, Selection
 from ..classifier import classify as _classify
@@ -33,6 +34,8 @@ from ..stores.base import Decision, Store, TaskMeta
 
 REMAINING_HEADER = b"x-ragtoll-budget-remaining"
 EVIDENCE_HEADER = b"x-ragtoll-evidence"
+OUTCOME_BAGGAGE = "ragtoll.outcome"
+_VERDICTS = {"correct": True, "true": True, "incorrect": False, "false": False}
 WARNING_HEADER = b"x-ragtoll-budget-warning"
 WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
 MAX_CACHED_PROFILES = 100_000
@@ -76,6 +79,8 @@ class BudgetStage:
         self.timeout = settings.store_timeout_ms / 1000
         self.prices: Prices | None = Prices.from_settings(settings)
         self.classify = classify or _classify
+        # set by the app to TaskEnder.record_outcome: where baggage verdicts go
+        self.on_outcome: Callable[[str, bool], Awaitable[object]] | None = None
         env = os.environ if env is None else env
         # a weak or unreadable key is a ConfigError at startup, not a silent "ignore every raise"
         self.hmac_key = load_key(self.cfg.hmac_key_env, self.cfg.hmac_key_file, env)
@@ -127,7 +132,7 @@ class BudgetStage:
             call = ex.call
             classify = self.classify if self.cfg.classes else None
             sel = bm.select_profile(self.cfg, ex.route.upstream.name, ex.headers, baggage,
-                                    bm.first_query(call.prompt_texts, call.query), classify)
+                                    bm.first_query(call.prompt_texts, call.query, call.user_text), classify)
             self._remember(task_id, sel)
         else:
             self._profiles.move_to_end(task_id)
@@ -339,10 +344,30 @@ class BudgetStage:
             ex.response_headers.append((EVIDENCE_HEADER, header.encode()))
 
     async def on_end(self, ex: Exchange) -> None:
+        await self._baggage_outcome(ex)
         ticket: Ticket | None = ex.state.get("budget")
         if ticket is None or not ticket.admitted or ex.task is None or ticket.settled:
             return
         await self._settle(ex, ticket)
+
+    async def _baggage_outcome(self, ex: Exchange) -> None:
+        """Baggage `ragtoll.outcome=correct|incorrect` records a verdict on the task, as
+        `POST /admin/tasks/{id}/outcome` does; anything else is noted and ignored."""
+        raw = dict(ex.task.baggage).get(OUTCOME_BAGGAGE) if ex.task is not None else None
+        if raw is None or self.on_outcome is None or ex.task is None:
+            return
+        verdict = _VERDICTS.get(raw.strip().lower())
+        if verdict is None:
+            if ex.span is not None:
+                note = f"baggage {OUTCOME_BAGGAGE}={raw[:32]!r} ignored: expected correct or incorrect"
+                ex.span.set_attribute(sc.BUDGET_NOTES, [note])
+            return
+        try:
+            async with asyncio.timeout(self.timeout):
+                await self.on_outcome(ex.task.id, verdict)
+        except Exception as exc:  # noqa: BLE001 - a verdict that cannot be written never fails the call
+            if ex.span is not None:
+                ex.span.add_event(sc.EVENT_DEGRADED, {"reason": f"outcome not recorded: {type(exc).__name__}"})
 
     async def _settle(self, ex: Exchange, ticket: Ticket) -> Ledger | None:
         """Replace the reservation with the call's actual use, once; record it on the span."""

@@ -31,7 +31,7 @@ BAGGAGE_TASK_KEY = "ragtoll.task.id"
 MAX_BAGGAGE_BYTES = 8192  # W3C baggage limits
 MAX_BAGGAGE_MEMBERS = 180
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
-_TASK_ID = re.compile(r"^[A-Za-z0-9._:~@/+=-]{1,128}$")
+TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:~@/+=-]{1,128}$")  # what a task id may be (also admin paths)
 _BAGGAGE_KEY = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 MAX_SESSIONS = 100_000
 
@@ -125,7 +125,7 @@ class Identifier:
 
         task_id = dict(baggage).get(BAGGAGE_TASK_KEY)
         if task_id is not None:
-            if _TASK_ID.match(task_id):
+            if TASK_ID_PATTERN.match(task_id):
                 trace_id = parent[0] if parent else derived_trace_id(task_id)
                 return TaskRef(task_id, SOURCE_BAGGAGE, trace_id, baggage, tuple(notes))
             notes.append(f"baggage {BAGGAGE_TASK_KEY} ignored: malformed")
@@ -135,7 +135,7 @@ class Identifier:
         if header_id is not None:
             if self.header in duplicated:
                 notes.append(f"{self.header} ignored: header given more than once")
-            elif _TASK_ID.match(header_id):
+            elif TASK_ID_PATTERN.match(header_id):
                 return TaskRef(header_id, SOURCE_HEADER, derived_trace_id(header_id), baggage, tuple(notes))
             else:
                 notes.append(f"{self.header} ignored: malformed")

@@ -587,3 +587,32 @@ def test_retrieval_answers_carry_evidence_strength_with_novelty_for_the_task(pro
     assert first["n"].value == 3 and first["new"].value == 3
     assert float(first["top"].value) == 0.9 and float(first["margin"].value) == 0.2
     assert again["new"].value == 0
+
+
+def test_classifier_reads_the_users_question_not_the_tool_definitions(proxy: Any, telemetry: Any) -> None:
+    tools = [{"type": "function", "function": {"name": "retrieve", "description": "search the docs",
+                                               "parameters": {"type": "object", "properties": {}}}}]
+    question = "Compare the refund policies of the annual and monthly plans and explain why they differ"
+    with proxy(budgets={"classes": {"simple_fact": "tight", "investigative": "wide", "multi_hop": "wide",
+                                    "procedural": "tight"}, "default_profile": "tight",
+                        "profiles": {"tight": {"max_steps": 2}, "wide": {"max_steps": 20}}}) as base:
+        r = httpx.post(f"{base}/openai/v1/chat/completions", headers={"x-ragtoll-task-id": "cls-tools"},
+                       json={"model": "gpt-4o-mini", "tools": tools,
+                             "messages": [{"role": "system", "content": "You answer from the docs."},
+                                          {"role": "user", "content": question}]})
+    assert r.status_code == 200
+    call = next(s for s in telemetry.spans() if s.name == "chat gpt-4o-mini")
+    assert call.attributes["ragtoll.query.class"] != "simple_fact"
+    assert call.attributes["ragtoll.budget.profile"] == "wide"
+
+
+def test_baggage_outcome_records_a_verdict_for_the_report(proxy: Any, tmp_path: Any) -> None:
+    records = tmp_path / "verdicts.jsonl"
+    with proxy(budgets={"records_file": str(records)}) as base:
+        for value in ("correct", "maybe"):
+            r = httpx.post(f"{base}/openai/v1/chat/completions", json={"model": "m", "messages": []},
+                           headers={"baggage": f"ragtoll.task.id=verdict-1,ragtoll.outcome={value}"})
+            assert r.status_code == 200
+    lines = [orjson.loads(line) for line in records.read_text().splitlines()]
+    verdicts = [e for e in lines if e.get("kind") == "outcome"]
+    assert [(e["task_id"], e["outcome"]) for e in verdicts] == [("verdict-1", {"correct": True})]

@@ -14,7 +14,6 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
-
 DEFAULT_EXPORT_BATCH = 64
 DEFAULT_EXPORT_DELAY_MS = 200
 

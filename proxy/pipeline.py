@@ -235,7 +235,7 @@ class Pipeline:
                 await _send_error(send, exc, style, ex.response_headers)
             else:
                 ex.outcome = "upstream_error"
-        except Exception as exc:  # a bug: answer 500 if we still can, record it, never hang
+        except Exception as exc:  # noqa: BLE001 - a bug: answer 500 if we still can, record it, never hang
             ex.outcome = "error"
             span.record_exception(exc)
             if not ex.headers_sent:
@@ -248,13 +248,13 @@ class Pipeline:
             for stage in reversed(ran):
                 try:
                     await stage.on_end(ex)
-                except Exception as exc:  # failsafe: a stage's bookkeeping never fails the call
+                except Exception as exc:  # noqa: BLE001 - failsafe: a stage's bookkeeping never fails the call
                     span.record_exception(exc)
             _finish_span(span, ex)
             if self._on_end is not None:
                 try:
                     self._on_end(ex)
-                except Exception as exc:  # failsafe, as above
+                except Exception as exc:  # noqa: BLE001 - failsafe, as above
                     span.record_exception(exc)
 
     @staticmethod
@@ -332,7 +332,7 @@ class Pipeline:
         for hook in self._response_hooks:
             try:
                 await hook.on_response(ex)  # type: ignore[attr-defined]
-            except Exception as exc:  # failsafe: a header hook never fails the call
+            except Exception as exc:  # noqa: BLE001 - failsafe: a header hook never fails the call
                 ex.span.record_exception(exc)
         ex.state["complete"] = True
         ex.bytes_out = len(raw)

@@ -9,10 +9,10 @@ Every embedder returns L2-normalised float32 vectors and is wrapped in an exact 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import threading
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-import importlib.util
 from pathlib import Path
 from typing import Any, Protocol
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-
 from ragtoll.instrumentation import semconv as sc
 
 from ..config import Settings

@@ -140,6 +140,7 @@ class Results:
     latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     statuses: Counter[tuple[str, int]] = field(default_factory=Counter)
     cache: Counter[str] = field(default_factory=Counter)
+    timeline: list[tuple[float, float]] = field(default_factory=list)  # (scheduled offset s, latency s)
     errors: int = 0  # connection failures and unexpected statuses
     sent: int = 0
     seconds: float = 0.0
@@ -200,6 +201,7 @@ async def drive(ports: list[int], rate: float, seconds: float, direct: bool, see
                     await conns[port].close()
                     continue
                 res.latencies[kind].append(time.perf_counter() - at)
+                res.timeline.append((at - start, time.perf_counter() - at))
                 res.statuses[(kind, status)] += 1
                 expected = 429 if kind == "reject" and not direct else 200
                 if status != expected:
@@ -271,6 +273,13 @@ def start_ragtoll(upstream: str, store: str, tmp: Path, name: str, idle_s: float
                          stdout=subprocess.DEVNULL)
     wait_port(port, p)
     return p, port
+
+
+def by_minute(timeline: list[tuple[float, float]]) -> list[float]:
+    buckets: dict[int, list[float]] = defaultdict(list)
+    for at, latency in timeline:
+        buckets[int(at // 60)].append(latency)
+    return [round(sorted(xs)[int(0.99 * (len(xs) - 1))] * 1000, 2) for _, xs in sorted(buckets.items())]
 
 
 def added_p99(rt: Results, direct: Results) -> dict[str, float]:
@@ -357,6 +366,9 @@ def soak(procs: list[subprocess.Popen[bytes]], ports: list[int], up_port: int, r
         "rss_mb_peak_after_warmup": [round(x, 1) for x in peak_after], "rss_growth_pct": growth,
         "fds_after_warmup": [s[1] for s in at_warm], "fds_end": [s[1] for s in end],
         "cpu_pct_of_one_core": cpu,
+        # p99 of all kinds per minute, and RSS per sample: where a long run goes wrong, and when
+        "p99_ms_by_minute": by_minute(rt.timeline),
+        "rss_mb_timeline": [(round(t), [round(x[0], 1) for x in s]) for t, s in samples],
     }
     out["pass"] = (all(g <= 10 for g in growth) and all(end[i][1] <= at_warm[i][1] for i in range(len(procs)))
                    and rt.errors == 0 and max(out["added_p99_ms"].values()) < 10)

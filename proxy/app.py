@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -116,6 +117,9 @@ class RagtollApp:
         )
         ender = TaskEnder(store, open_sink(store, self.settings.budgets.records_file),
                           self.settings.tasks.idle_timeout_s)
+        # Everything made so far (modules, encodings, config) lives as long as the process: keep it
+        # out of the garbage collector's full passes, which otherwise grow with it.
+        gc.freeze()
         ender.listeners.append(self._task_ended)
         for stage in self.pipeline.stages:
             if isinstance(stage, BudgetStage):

@@ -35,6 +35,7 @@ from .routing import Router
 from .stages.budget import BudgetStage, Ticket
 from .stages.evidence import EvidenceStage
 from .stages.identify import Identifier, derived_span_id
+from .stages.landfill import LandfillStage
 from .stages.settle import SettleStage
 from .stores import Store, open_store
 from .upstream import UpstreamClient
@@ -44,12 +45,13 @@ TRACER_NAME = "ragtoll.proxy"
 
 def build_stages(settings: Settings, store: Store | None = None, meter: Any = None,
                  evidence: EvidenceStage | None = None) -> list[Stage]:
-    """The ordered stage list (DESIGN.md): evidence cache, then budget, then settle."""
+    """The ordered stage list (DESIGN.md): evidence cache, budget, context-landfill count, settle."""
     stages: list[Stage] = []
     if evidence is not None:
         stages.append(evidence)
     if store is not None and settings.budgets.enabled:
         stages.append(BudgetStage(settings, store, meter=meter))
+    stages.append(LandfillStage())
     stages.append(SettleStage(settings))
     return stages
 

@@ -616,3 +616,22 @@ def test_baggage_outcome_records_a_verdict_for_the_report(proxy: Any, tmp_path: 
     lines = [orjson.loads(line) for line in records.read_text().splitlines()]
     verdicts = [e for e in lines if e.get("kind") == "outcome"]
     assert [(e["task_id"], e["outcome"]) for e in verdicts] == [("verdict-1", {"correct": True})]
+
+
+def test_llm_spans_count_evidence_and_duplicate_evidence_tokens(proxy: Any, upstream: Any, telemetry: Any) -> None:
+    with proxy(upstreams=[{"name": "docs", "kind": "retrieval", "api": "json", "url": upstream.url,
+                           "prefix": "/docs"},
+                          {"name": "openai", "kind": "llm", "api": "openai", "url": upstream.url,
+                           "prefix": "/openai"}]) as base:
+        h = {"x-ragtoll-task-id": "landfill-1"}
+        chunks = httpx.post(f"{base}/docs/search", json={"query": "annual refunds", "top_k": 2}, headers=h).json()
+        evidence = "\n".join(c["text"] for c in chunks["results"])
+        history = [{"role": "user", "content": "What is the refund window?"},
+                   {"role": "tool", "content": evidence, "tool_call_id": "c1"}]
+        for _ in range(2):  # the second step resends the same evidence: all of it is landfill
+            httpx.post(f"{base}/openai/v1/chat/completions", headers=h,
+                       json={"model": "gpt-4o-mini", "messages": history})
+    first, second = sorted(telemetry.by_name("chat gpt-4o-mini"), key=lambda s: s.start_time)
+    assert first.attributes["ragtoll.evidence.prompt_tokens"] > 0
+    assert first.attributes["ragtoll.evidence.duplicate_tokens"] == 0
+    assert second.attributes["ragtoll.evidence.duplicate_tokens"] == first.attributes["ragtoll.evidence.prompt_tokens"]

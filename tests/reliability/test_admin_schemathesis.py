@@ -21,7 +21,7 @@ from support.faulty import FaultyUpstream
 
 TOKEN = "reliability-admin-token"
 # Generated task ids use the task id alphabet (proxy/stages/identify.py): a path holding a raw
-# newline (%0A) gets Starlette's text/plain 404, not JSON (reported; see docs/guarantees.md).
+# newline (%0A) gets Starlette's text/plain 404, not JSON (reported; see README "Guarantees").
 TASK_ID_PATTERN = r"^[A-Za-z0-9._:~@+=-]{1,64}$"
 
 

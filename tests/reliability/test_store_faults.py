@@ -181,6 +181,14 @@ def test_cluster_master_failover_under_load(proxy: ProxyFactory, faulty: FaultyU
         with proxy(upstreams=routes(faulty.url), store=url, on_store_error="open",
                    store_timeout_ms=STORE_TIMEOUT_MS, budgets=BUDGETS) as base, httpx.Client(timeout=10) as http:
             answers = run_load(base, tasks, 7.0, [(1.0, masters[0].stop)])
+            # how long the cluster takes to promote the replica depends on the machine's load:
+            # keep calling until every task is budgeted again (or give up after 30 s)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                late = run_load(base, tasks, 0.5, [])
+                answers += late
+                if late and all(a.budgeted for a in late[-len(tasks):]):
+                    break
             time.sleep(0.3)
             ledgers = {t: ledger(http, base, t) for t in tasks}
         promoted = redis.Redis(port=replicas[0].port, decode_responses=True).info("replication")["role"]
@@ -188,7 +196,7 @@ def test_cluster_master_failover_under_load(proxy: ProxyFactory, faulty: FaultyU
         stop_all(masters + replicas)
     assert promoted == "master"  # the failover happened
     assert Counter(a.status for a in answers) == Counter({200: len(answers)})  # and failed no call
-    late = answers[-2 * len(tasks):]
+    late = answers[-len(tasks):]
     assert all(a.budgeted for a in late), Counter(a.budgeted for a in late)  # budgets work again after it
     unbudgeted = Counter(a.task for a in answers if not a.budgeted)
     assert sum(unbudgeted.values()) > 0, answers_summary(answers)  # calls during the failover went on unbudgeted

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_proxy import CHAT, SEARCH, free_port, pct, uvicorn_proc, wait_port
+from bench_proxy import CHAT, SEARCH, free_port, pct, stop, uvicorn_proc, wait_port
 from loadgen import Conn
 
 HERE = Path(__file__).parent
@@ -189,13 +189,7 @@ def main() -> None:
         out.mkdir(exist_ok=True)
         (out / "budgets.json").write_text(json.dumps(results, indent=2))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
 
 
 if __name__ == "__main__":

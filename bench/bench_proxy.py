@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from loadgen import Conn, count_requests, throughput  # noqa: E402
+from loadgen import Conn, count_requests, throughput
 
 HERE = Path(__file__).parent
 CHAT = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "What is the refund window?"}],
@@ -41,7 +41,7 @@ def free_port() -> int:
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {proc.args}")
@@ -70,7 +70,7 @@ def rss_mb(pid: int) -> float:
 
 def pct(xs: list[float], p: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(p / 100 * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
 CALLS_PER_TASK = 8  # a realistic agent task: ragtoll keeps a budget ledger per task
@@ -197,13 +197,18 @@ def main() -> None:
         out.mkdir(exist_ok=True)
         (out / "proxy.json").write_text(json.dumps(results, indent=2))
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate every process, then wait; kill what does not exit in 10 s."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 if __name__ == "__main__":

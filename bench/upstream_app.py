@@ -18,8 +18,8 @@ SEARCH = json.dumps({"results": [
      "metadata": {"groups": ["public"]}} for i in range(5)]}).encode()
 EVENTS = [b'data: {"id":"c","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[{"index":0,'
           b'"delta":{"content":"w%d"},"finish_reason":null}]}\n\n' % i for i in range(5)] + [
-    b'data: {"id":"c","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[{"index":0,"delta":{},'
-    b'"finish_reason":"stop"}],"usage":{"prompt_tokens":42,"completion_tokens":5,"total_tokens":47}}\n\n',
+    (b'data: {"id":"c","object":"chat.completion.chunk","model":"gpt-4o-mini","choices":[{"index":0,"delta":{},'
+     b'"finish_reason":"stop"}],"usage":{"prompt_tokens":42,"completion_tokens":5,"total_tokens":47}}\n\n'),
     b"data: [DONE]\n\n"]
 STREAM_GAP_S = 0.02
 

@@ -18,6 +18,7 @@ from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy.admin import OPENAPI
 from ragtoll.proxy.stages.identify import derived_trace_id
+from support.asgi import read_body, serve_lifespan
 
 CHAT = "/v1/chat/completions"
 PRICING = {"gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.60}, "docs": {"per_call": 0.0005}}
@@ -466,12 +467,8 @@ class SseUpstream:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while (await receive())["type"] != "lifespan.shutdown":
-                await send({"type": "lifespan.startup.complete"})
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-        while (await receive()).get("more_body"):
-            pass
+            return await serve_lifespan(receive, send)
+        await read_body(receive)
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
         for e in self.events:
             await send({"type": "http.response.body", "body": e, "more_body": True})

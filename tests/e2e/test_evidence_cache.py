@@ -20,6 +20,7 @@ import pytest
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
+from support.asgi import read_body, serve_lifespan
 from support.servers import serve_in_thread
 
 SECRET = "e2e-secret-e2e-secret-e2e-secret-0123"
@@ -45,17 +46,10 @@ class Retriever:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                await send({"type": msg["type"] + ".complete"})
-                if msg["type"] == "lifespan.shutdown":
-                    return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+            return await serve_lifespan(receive, send)
+        body = await read_body(receive)
+        if body is None:
+            return
         if scope["path"].endswith("/embeddings"):
             doc = orjson.loads(body)
             with self.lock:
@@ -323,17 +317,10 @@ class Authz:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                await send({"type": msg["type"] + ".complete"})
-                if msg["type"] == "lifespan.shutdown":
-                    return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+            return await serve_lifespan(receive, send)
+        body = await read_body(receive)
+        if body is None:
+            return
         doc = orjson.loads(body)
         self.asked += 1
         allowed = [c for c in doc["chunk_ids"] if c not in self.denied]

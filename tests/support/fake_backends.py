@@ -16,6 +16,8 @@ import orjson
 
 from support.adapter_fixtures import FIXTURES
 
+from .asgi import read_body, serve_lifespan
+
 _QDRANT = re.compile(r"^/collections/([^/]+)/points/(query|search)$")
 # Qdrant collection: id -> (vector, payload)
 POINTS: dict[int, tuple[list[float], dict[str, Any]]] = {
@@ -38,21 +40,10 @@ class FakeBackends:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "lifespan":
-            while True:
-                msg = await receive()
-                if msg["type"] == "lifespan.startup":
-                    await send({"type": "lifespan.startup.complete"})
-                elif msg["type"] == "lifespan.shutdown":
-                    await send({"type": "lifespan.shutdown.complete"})
-                    return
-        body = b""
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                return
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+            return await serve_lifespan(receive, send)
+        body = await read_body(receive)
+        if body is None:
+            return
         path: str = scope["path"]
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         with self.lock:

@@ -9,6 +9,8 @@ from typing import Any
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from .asgi import read_body
+
 
 def _value(v: Any) -> Any:
     kind = v.WhichOneof("value")
@@ -27,12 +29,9 @@ class OtlpReceiver:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return
-        body = b""
-        while True:
-            msg = await receive()
-            body += msg.get("body", b"")
-            if not msg.get("more_body"):
-                break
+        body = await read_body(receive)
+        if body is None:
+            return
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         if headers.get("content-encoding") == "gzip":
             body = gzip.decompress(body)

@@ -42,7 +42,8 @@ def _json(doc: Any, status: int = 200) -> Response:
     return Response(orjson.dumps(doc), status_code=status, media_type="application/json")
 
 
-def _error(status: int, code: str, message: str) -> Response:
+def admin_error(status: int, code: str, message: str) -> Response:
+    """The JSON error body of every admin route."""
     return _json({"error": {"type": "admin_error", "code": code, "message": message}}, status)
 
 
@@ -105,7 +106,7 @@ class AdminApi:
     def unauthorized(self, request: Request) -> Response | None:
         """The 401 for a request without the admin bearer token, else None. Shared by every admin route."""
         if self._token is None:
-            return _error(401, "admin_disabled", "the admin API is off: set the token in "
+            return admin_error(401, "admin_disabled", "the admin API is off: set the token in "
                           f"${self.settings.admin.token_env} or admin.token_file")
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._token):
@@ -119,7 +120,7 @@ class AdminApi:
         if (refused := self.unauthorized(request)) is not None:
             return refused
         if self.ender is None:
-            return _error(503, "starting", "the proxy is starting")
+            return admin_error(503, "starting", "the proxy is starting")
         return None
 
     async def get_task(self, request: Request) -> Response:
@@ -129,9 +130,9 @@ class AdminApi:
         try:
             ledger = await self.ender.store.get_task(task_id)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - any store failure is a 503 here
-            return _error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
+            return admin_error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
         if ledger is None:
-            return _error(404, "task_not_found", f"no active task {task_id[:200]!r}")
+            return admin_error(404, "task_not_found", f"no active task {task_id[:200]!r}")
         return _json(ledger_view(ledger, self.settings, self._wall_ms()))
 
     async def end_task(self, request: Request) -> Response:
@@ -141,23 +142,23 @@ class AdminApi:
         body = await request.body()
         outcome: dict[str, bool] | None = None
         if len(body) > MAX_BODY:
-            return _error(413, "body_too_large", f"body larger than {MAX_BODY} bytes")
+            return admin_error(413, "body_too_large", f"body larger than {MAX_BODY} bytes")
         if body.strip():
             try:
                 doc = orjson.loads(body)
             except orjson.JSONDecodeError:
-                return _error(400, "invalid_body", 'body must be JSON: {} or {"correct": true|false}')
+                return admin_error(400, "invalid_body", 'body must be JSON: {} or {"correct": true|false}')
             if not isinstance(doc, dict) or set(doc) - {"correct"} or \
                     ("correct" in doc and not isinstance(doc["correct"], bool)):
-                return _error(400, "invalid_body", 'body must be {} or {"correct": true|false}')
+                return admin_error(400, "invalid_body", 'body must be {} or {"correct": true|false}')
             if "correct" in doc:
                 outcome = {"correct": doc["correct"]}
         try:
             record = await self.ender.end(task_id, outcome)  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - any store failure is a 503 here
-            return _error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
+            return admin_error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
         if record is None:
-            return _error(404, "task_not_found", f"no active task {task_id[:200]!r}")
+            return admin_error(404, "task_not_found", f"no active task {task_id[:200]!r}")
         return _json(record)
 
     async def post_outcome(self, request: Request) -> Response:
@@ -168,26 +169,26 @@ class AdminApi:
             return denied
         task_id = request.path_params["task_id"]
         if not TASK_ID_PATTERN.match(task_id):
-            return _error(400, "invalid_task_id", "not a task id: 1-128 of A-Z a-z 0-9 . _ : ~ @ / + = -")
+            return admin_error(400, "invalid_task_id", "not a task id: 1-128 of A-Z a-z 0-9 . _ : ~ @ / + = -")
         body = await request.body()
         if len(body) > MAX_BODY:
-            return _error(413, "body_too_large", f"body larger than {MAX_BODY} bytes")
+            return admin_error(413, "body_too_large", f"body larger than {MAX_BODY} bytes")
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
             doc = None
         if not isinstance(doc, dict) or set(doc) != {"correct"} or not isinstance(doc["correct"], bool):
-            return _error(400, "invalid_body", 'body must be {"correct": true|false}')
+            return admin_error(400, "invalid_body", 'body must be {"correct": true|false}')
         try:
             known = task_id in self._ended or await self.ender.store.get_task(task_id) is not None  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - any store failure is a 503 here
-            return _error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
+            return admin_error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
         if not known:
-            return _error(404, "task_not_found", f"no running or recently ended task {task_id[:200]!r}")
+            return admin_error(404, "task_not_found", f"no running or recently ended task {task_id[:200]!r}")
         try:
             entry = await self.ender.record_outcome(task_id, doc["correct"])  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - a failing sink is a 503 here, nothing else changes
-            return _error(503, "sink_unavailable", f"the task record sink failed: {type(exc).__name__}")
+            return admin_error(503, "sink_unavailable", f"the task record sink failed: {type(exc).__name__}")
         return _json(entry)
 
     async def openapi(self, request: Request) -> Response:

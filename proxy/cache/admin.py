@@ -13,6 +13,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from ..admin import admin_error
+
 SetVersion = Callable[[str, str], Awaitable[None]]
 
 
@@ -32,18 +34,13 @@ def version_endpoint(set_version: SetVersion,
         if isinstance(version, int) and not isinstance(version, bool):
             version = str(version)
         if not isinstance(version, str):
-            return _error(400, "invalid_version", 'body must be {"version": "<string>"}')
+            return admin_error(400, "invalid_version", 'body must be {"version": "<string>"}')
         try:
             await set_version(name, version)
         except KeyError:
-            return _error(404, "source_not_found", f"no upstream named {name!r}")
+            return admin_error(404, "source_not_found", f"no upstream named {name!r}")
         except ValueError as exc:
-            return _error(400, "invalid_version", str(exc))
+            return admin_error(400, "invalid_version", str(exc))
         return Response(orjson.dumps({"source": name, "version": version}), media_type="application/json")
 
     return endpoint
-
-
-def _error(status: int, code: str, message: str) -> Response:
-    return Response(orjson.dumps({"error": {"type": "admin_error", "code": code, "message": message}}),
-                    status_code=status, media_type="application/json")

@@ -36,8 +36,6 @@ COUNTER = {
     "max_latency_ms": None,
     "max_stalled_retrievals": "stalled",
 }
-COUNTERS = ("steps", "calls", "retrieval_calls", "unique_queries", "rerank_calls", "context_tokens",
-            "completion_tokens", "cost_nusd", "stalled", "cache_hits")
 LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "messages"})
 _NUMBER = re.compile(r"^[0-9]{1,15}(\.[0-9]{1,9})?$")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import Any
 
 import httpx2 as httpx
 from opentelemetry.instrumentation.httpx import AsyncOpenTelemetryTransportHttpx2
@@ -148,13 +147,3 @@ def _mapped(upstream: str) -> Iterator[None]:
         ) from exc
     except httpx.HTTPError as exc:
         raise UpstreamError(f"upstream {upstream!r} failed ({type(exc).__name__}: {exc})", upstream=upstream) from exc
-
-
-def headers_dict(raw: Sequence[tuple[bytes, bytes]]) -> dict[str, Any]:
-    """Lower-cased str headers; repeated names joined with ', ' as HTTP allows."""
-    out: dict[str, Any] = {}
-    for k, v in raw:
-        key = k.decode("latin-1").lower()
-        val = v.decode("latin-1")
-        out[key] = f"{out[key]}, {val}" if key in out else val
-    return out

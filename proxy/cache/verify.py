@@ -20,7 +20,6 @@ _QUOTED = re.compile(r"\"([^\"]{1,200})\"|“([^”]{1,200})”|(?<!\w)'([^']{1,
 _NUMERIC = re.compile(r"^\$?(\d[\d,]*(?:\.\d+)?)(%?)([a-z]*)$")
 
 INTENT_FLOOR = 0.5  # share of content words two queries must have in common
-CHECKS = ("quoted", "number", "unit", "date", "negation", "direction", "role", "entity", "filter", "intent")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,14 +180,6 @@ def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (
     if content_overlap(a.content, b.content) < intent_floor and similarity < intent_free_above:
         return "intent"
     return None
-
-
-Signature = tuple[frozenset[str], frozenset[str], frozenset[str], frozenset[str], bool, frozenset[str]]
-
-
-def signature(f: Features) -> Signature:
-    """What must be equal for `verify` to pass, independent of the partition's vocabulary."""
-    return (f.quoted, f.numbers, f.units, f.dates, f.negated, f.directions)
 
 
 def content_overlap(a: frozenset[str], b: frozenset[str]) -> float:

@@ -28,7 +28,6 @@ from .policy import decide
 from .text import overlap, sentences
 
 MODEL = "gpt-4o"
-RERANK_MODEL = "rerank-v3.5"
 MAX_TOP_K = 50
 
 

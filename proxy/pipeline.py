@@ -263,7 +263,7 @@ class Pipeline:
 
     async def _forward(self, ex: Exchange, body: AsyncIterator[bytes] | None, send: Send, receive: Receive) -> None:
         route = ex.route
-        out_headers = [(k, v) for k, v in ex.raw_headers if k.lower() not in HOP_BY_HOP and not k.lower().startswith(_OWN_PREFIX)]
+        out_headers = upstream_headers(ex.raw_headers)
         t0 = time.perf_counter()
         with trace.use_span(ex.span, end_on_exit=False):
             response = await self.client.send(
@@ -339,6 +339,11 @@ class Pipeline:
         ex.headers_sent = True
         await send({"type": "http.response.start", "status": response.status, "headers": headers + ex.response_headers})
         await send({"type": "http.response.body", "body": raw, "more_body": False})
+
+
+def upstream_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """The caller's headers as they go upstream: without hop-by-hop headers and ragtoll's own."""
+    return [(k, v) for k, v in raw if k.lower() not in HOP_BY_HOP and not k.lower().startswith(_OWN_PREFIX)]
 
 
 def _parent_context(task: TaskRef, headers: dict[str, str]) -> SpanContext:

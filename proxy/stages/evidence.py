@@ -33,7 +33,7 @@ from ..cache.store_memory import MemoryEvidenceStore
 from ..cache.versions import Versions
 from ..config import Settings, Timeouts, UpstreamConfig
 from ..errors import ConfigError
-from ..pipeline import HOP_BY_HOP, Exchange, Reply
+from ..pipeline import Exchange, Reply, upstream_headers
 from ..upstream import UpstreamClient
 
 CACHE_HEADER = b"x-ragtoll-cache"
@@ -286,9 +286,7 @@ class EvidenceStage:
         parent = trace.set_span_in_context(ex.span) if ex.span is not None else None
         with self._tracer.start_as_current_span("cache.audit " + ex.route.upstream.name, context=parent) as span:
             try:
-                headers = [(k, v) for k, v in ex.raw_headers
-                           if k.lower() not in HOP_BY_HOP and not k.lower().startswith(b"x-ragtoll-")
-                           and k.lower() != b"content-length"]
+                headers = [(k, v) for k, v in upstream_headers(ex.raw_headers) if k.lower() != b"content-length"]
                 status, body, resp_headers = await self._send(ex.route.upstream, ex.method, ex.target, headers,
                                                               ex.body or b"")
                 observer = ex.route.adapter.observer(ex.call, status, resp_headers)

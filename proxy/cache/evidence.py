@@ -79,6 +79,7 @@ class EvidenceCache:
         self.public = public
         self.authz = authz
         self.auditor = auditor or Auditor(0.0, similarity)
+        self.auditor.bind(store)  # raised thresholds are shared by every replica on this store
         self._clock = clock
         self._vocab: OrderedDict[str, set[str]] = OrderedDict()
         # Replica-local lexical index: partition -> signature -> {query key: content words}. A query
@@ -139,7 +140,7 @@ class EvidenceCache:
         lk.vector = await self.embedder.embed(lk.norm)
         if lk.vector is None:
             return
-        threshold = self.auditor.threshold(lk.partition.source)
+        threshold = await self.auditor.current(lk.partition.source)
         found = await self.store.nearest(pkey, lk.vector, threshold, self.candidates, keys)
         if not found:
             if lk.reason == "none":

@@ -16,6 +16,8 @@ from .entry import Entry
 
 # A source version is small and rarely written; keep it for a long while but not forever.
 VERSION_TTL_S = 30 * 24 * 3600
+# A threshold the self-audit raised: kept as long, renewed by every further raise.
+THRESHOLD_TTL_S = VERSION_TTL_S
 
 
 class _Partition:
@@ -40,6 +42,7 @@ class MemoryEvidenceStore:
         self._parts: dict[str, _Partition] = {}
         self._bytes = 0
         self._versions: dict[str, tuple[str, float]] = {}
+        self._thresholds: dict[str, tuple[float, float]] = {}
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -133,6 +136,18 @@ class MemoryEvidenceStore:
 
     async def set_version(self, source: str, version: str) -> None:
         self._versions[source] = (version, self._clock() + VERSION_TTL_S)
+
+    async def get_threshold(self, scope: str) -> float | None:
+        found = self._thresholds.get(scope)
+        if found is None or found[1] <= self._clock():
+            return None
+        return found[0]
+
+    async def raise_threshold(self, scope: str, threshold: float) -> float:
+        current = await self.get_threshold(scope)
+        value = threshold if current is None else max(current, threshold)
+        self._thresholds[scope] = (value, self._clock() + THRESHOLD_TTL_S)
+        return value
 
     async def aclose(self) -> None:
         return None

@@ -18,6 +18,15 @@ from redis.asyncio.cluster import RedisCluster
 from .entry import Entry
 
 VERSION_TTL_S = 30 * 24 * 3600
+THRESHOLD_TTL_S = VERSION_TTL_S  # a threshold the self-audit raised; renewed by every further raise
+# raise, never lower: concurrent raises from two replicas keep the higher threshold
+_RAISE = """
+local cur = tonumber(redis.call('HGET', KEYS[1], 'threshold'))
+local new = tonumber(ARGV[1])
+if cur == nil or new > cur then redis.call('HSET', KEYS[1], 'threshold', ARGV[1]) else new = cur end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return tostring(new)
+"""
 
 
 def _keys(pkey: str) -> tuple[str, str, str]:
@@ -27,6 +36,10 @@ def _keys(pkey: str) -> tuple[str, str, str]:
 
 def _texts(pkey: str) -> str:
     return f"ragtoll:{{c:{pkey}}}:q"  # query key -> normalised query, for other replicas' lexical index
+
+
+def _audit(scope: str) -> str:
+    return f"ragtoll:{{a:{scope}}}:audit"  # the audit scope's hash (its raised threshold)
 
 
 def make_client(url: str, timeout_s: float = 0.25) -> Any:
@@ -126,6 +139,13 @@ class RedisEvidenceStore:
 
     async def set_version(self, source: str, version: str) -> None:
         await self.client.set(f"ragtoll:{{v:{source}}}:version", version, ex=VERSION_TTL_S)
+
+    async def get_threshold(self, scope: str) -> float | None:
+        raw = await self.client.hget(_audit(scope), "threshold")
+        return float(raw) if raw is not None else None
+
+    async def raise_threshold(self, scope: str, threshold: float) -> float:
+        return float(await self.client.eval(_RAISE, 1, _audit(scope), repr(float(threshold)), THRESHOLD_TTL_S))
 
     async def aclose(self) -> None:
         if self._owns:

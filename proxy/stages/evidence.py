@@ -296,7 +296,7 @@ class EvidenceStage:
                     span.set_attribute(sc.CACHE_REASON, f"audit:upstream_{status}")
                     return
                 result = compare(hit.entry.chunk_ids, [c.id for c in chunks], ex.call.top_k)
-                raised = self.auditor.record(lk.partition.source, result)
+                raised = await self.auditor.record(lk.partition.source, result)
                 attrs: dict[str, Any] = {sc.CACHE_AUDIT_SAME_TOP: result.same_top,
                                          sc.CACHE_AUDIT_OVERLAP: round(result.overlap, 4),
                                          sc.CACHE_AUDIT_AGREES: result.agrees,

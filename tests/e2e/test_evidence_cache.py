@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ import pytest
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
+from ragtoll.proxy.cache.audit import REFRESH_S
 from support.asgi import read_body, serve_lifespan
 from support.servers import serve_in_thread
 
@@ -356,3 +358,40 @@ def test_cache_control_from_the_caller(cache_proxy: Any, retriever: Any, telemet
     assert "x-ragtoll-cache" not in fresh.headers and cached.headers["x-ragtoll-cache"] == "hit; tier=exact"
     assert app.calls == 2
     assert [a.get(sc.CACHE_REASON) for a in cache_attrs(telemetry)][1] == "no-cache"
+
+
+def test_audits_on_one_replica_raise_the_threshold_the_other_applies(cache_proxy: Any, retriever: Any,
+                                                                     telemetry: Any, redis_url: str) -> None:
+    """Two ragtoll instances on one Redis: the self-audit of one raises the partition's threshold for both."""
+    tag = uuid.uuid4().hex[:12]
+    alice = token("alice", ["finance"], tenant=tag)  # a tenant of its own: a fresh audit scope on the server
+    cfg: dict[str, Any] = {"store": redis_url, "cache": {"embedder": "local", "audit_fraction": 1.0,
+                                                         "audit_target": 0.9, "audit_step": 0.14}}
+
+    def settled(app: Any) -> None:
+        deadline = time.monotonic() + 10
+        while app.evidence.pending_filings and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def audits() -> list[Any]:
+        return [e for s in telemetry.spans() if s.name == "cache.audit docs" for e in s.events]
+
+    with cache_proxy(**cfg) as a:
+        app_a = CURRENT[0]
+        with cache_proxy(**cfg) as b:
+            search(a, "refund window for annual pro plans", alice, task=tag)
+            settled(app_a)  # a filed the evidence in Redis
+            before = search(b, "refund window for yearly pro plans", alice, task=tag)
+            assert before.headers["x-ragtoll-cache"] == "hit; tier=semantic"  # b has read the base threshold
+            for _ in range(5):  # live retrieval disagrees with each of these hits: a's audits raise the threshold
+                assert search(a, "refund window for yearly pro plans", alice, task=tag).headers[
+                    "x-ragtoll-cache"] == "hit; tier=semantic"
+            deadline = time.monotonic() + 10
+            while len(audits()) < 6 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert max(e.attributes[sc.CACHE_THRESHOLD] for e in audits()) == pytest.approx(0.99)
+            time.sleep(REFRESH_S)  # b re-reads a scope's shared threshold at most this often
+            after = search(b, "refund window for yearly pro plans", alice, task=tag)
+    assert "x-ragtoll-cache" not in after.headers
+    last = cache_attrs(telemetry)[-1]
+    assert last[sc.CACHE_REASON] == "below_threshold" and last[sc.CACHE_THRESHOLD] == pytest.approx(0.99)

@@ -109,26 +109,79 @@ async def test_static_source_version_from_config() -> None:
         await versions.set("docs", "has space")
 
 
-def test_audit_compare_and_threshold_raise() -> None:
+async def test_audit_compare_and_threshold_raise() -> None:
     assert compare(["a", "b", "c"], ["a", "b", "c"], 3).agrees
     assert not compare(["a", "b", "c"], ["b", "a", "c"], 3).agrees  # top result differs
     r = compare(["a", "b", "c", "d", "e"], ["a", "b", "c", "d", "x"], 5)
     assert r.same_top and r.overlap == 0.8 and r.agrees
-    auditor = Auditor(1.0, 0.85, target=0.9, step=0.02, rng=random.Random(1))
+    store = MemoryEvidenceStore()
+    auditor = Auditor(1.0, 0.85, target=0.9, step=0.02, rng=random.Random(1), store=store)
     assert auditor.sample()
     for _ in range(4):
-        assert auditor.record("s", compare(["a"], ["b"], 1)) is None  # not enough samples yet
-    assert auditor.record("s", compare(["a"], ["b"], 1)) == pytest.approx(0.87)
+        assert await auditor.record("s", compare(["a"], ["b"], 1)) is None  # not enough samples yet
+    assert await auditor.record("s", compare(["a"], ["b"], 1)) == pytest.approx(0.87)
     assert auditor.threshold("s") == pytest.approx(0.87) and auditor.threshold("other") == 0.85
+    assert await store.get_threshold("s") == pytest.approx(0.87) and await store.get_threshold("other") is None
 
 
-async def test_raised_threshold_applies_to_the_partition(model: LocalModel) -> None:
-    cache = make(model, similarity=0.85)
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def test_raised_threshold_applies_to_the_partition_after_a_refresh(model: LocalModel) -> None:
+    clock = Clock()
+    cache = make(model, auditor=Auditor(0.0, 0.85, clock=clock))
     await fill(cache, "refund window for annual pro plans", ["a"])
     hit = await ask(cache, "refund window for yearly pro plans")
     assert hit.hit and hit.similarity is not None
-    cache.auditor._raised[hit.partition.source] = min(0.99, hit.similarity + 0.01)
-    assert not (await ask(cache, "refund window for yearly pro plans")).hit
+    scope = hit.partition.source
+    await cache.store.raise_threshold(scope, min(0.99, hit.similarity + 0.01))  # as another replica would
+    assert (await ask(cache, "refund window for yearly pro plans")).hit  # the view read a moment ago still holds
+    clock.now += cache.auditor.refresh_s
+    refused = await ask(cache, "refund window for yearly pro plans")
+    assert not refused.hit and refused.reason == "below_threshold"
+    assert cache.auditor.threshold(scope) == pytest.approx(hit.similarity + 0.01)
+
+
+async def test_a_stored_threshold_is_only_ever_raised() -> None:
+    store = MemoryEvidenceStore()
+    assert await store.raise_threshold("s", 0.9) == 0.9
+    assert await store.raise_threshold("s", 0.87) == 0.9  # a slower replica's smaller raise loses
+    assert await store.get_threshold("s") == 0.9
+    auditor = Auditor(0.0, 0.95, store=store)
+    assert await auditor.current("s") == 0.95  # never below the configured base
+
+
+async def test_audits_on_one_replica_raise_the_threshold_of_another(model: LocalModel, redis_url: str) -> None:
+    from ragtoll.proxy.cache.store_redis import RedisEvidenceStore
+
+    stores = [RedisEvidenceStore.from_url(redis_url), RedisEvidenceStore.from_url(redis_url)]
+    clock = Clock()
+    try:
+        a, b = (EvidenceCache(s, embedder=CachedEmbedder(LocalEmbedder(model)),
+                              auditor=Auditor(1.0, 0.85, target=0.9, step=0.14, clock=clock)) for s in stores)
+        tag = f"tag{random.randrange(10**9)}"
+        await fill(a, f"refund window for annual pro plans {tag}", ["x"], filters={"t": tag})
+        on_b = await ask(b, f"refund window for yearly pro plans {tag}", filters={"t": tag})
+        assert on_b.hit and on_b.tier == "semantic"  # b has read the partition's threshold: the base
+        scope = on_b.partition.source
+        raised = None
+        for _ in range(5):  # a's audits: live retrieval disagrees with its semantic hits
+            assert (await ask(a, f"refund window for yearly pro plans {tag}", filters={"t": tag})).hit
+            raised = await a.auditor.record(scope, compare(["x"], ["y"], 1))
+        assert raised == pytest.approx(0.99)
+        assert (await ask(b, f"refund window for yearly pro plans {tag}", filters={"t": tag})).hit  # b's view: cached
+        clock.now += b.auditor.refresh_s
+        refused = await ask(b, f"refund window for yearly pro plans {tag}", filters={"t": tag})
+        assert not refused.hit and refused.reason == "below_threshold"
+        assert b.auditor.threshold(scope) == pytest.approx(0.99)
+    finally:
+        for s in stores:
+            await s.aclose()
 
 
 async def test_two_replicas_on_one_redis_share_semantic_hits(model: LocalModel, redis_url: str) -> None:

@@ -68,6 +68,15 @@ async def test_versions(store: MemoryEvidenceStore) -> None:
     assert await store.get_version(name) == "v2"
 
 
+async def test_raised_thresholds_only_go_up(store: MemoryEvidenceStore) -> None:
+    scope = pk()
+    assert await store.get_threshold(scope) is None
+    assert await store.raise_threshold(scope, 0.87) == pytest.approx(0.87)
+    assert await store.raise_threshold(scope, 0.86) == pytest.approx(0.87)  # a stale replica's raise loses
+    assert await store.raise_threshold(scope, 0.93) == pytest.approx(0.93)
+    assert await store.get_threshold(scope) == pytest.approx(0.93) and await store.get_threshold(pk()) is None
+
+
 async def test_redis_keys_share_the_partition_hash_tag_and_all_expire(redis_url: str) -> None:
     store = RedisEvidenceStore.from_url(redis_url, max_partition_entries=3)
     client = aioredis.Redis.from_url(redis_url)
@@ -76,9 +85,10 @@ async def test_redis_keys_share_the_partition_hash_tag_and_all_expire(redis_url:
         for i in range(5):
             await store.put(p, f"q{i}", entry(f"q{i}"), unit(1, i, 0), 120)
         await store.set_version("docs-ttl", "v9")
+        await store.raise_threshold(p, 0.9)
         keys = [k.decode() async for k in client.scan_iter(match=f"ragtoll:{{c:{p}}}:*")]
         assert keys and all(k.startswith(f"ragtoll:{{c:{p}}}:") for k in keys)
-        for k in keys + ["ragtoll:{v:docs-ttl}:version"]:
+        for k in keys + ["ragtoll:{v:docs-ttl}:version", f"ragtoll:{{a:{p}}}:audit"]:
             assert 0 < await client.ttl(k) <= 30 * 24 * 3600
         # bounded: the two oldest were trimmed with their vectors
         assert await client.hlen(f"ragtoll:{{c:{p}}}:v") == 3
@@ -136,6 +146,9 @@ async def test_redis_cluster_partition_steps_are_single_slot() -> None:
             assert await store.get(p, "q0") is None
         await store.set_version("docs", "v3")
         assert await store.get_version("docs") == "v3"
+        for p in parts:
+            assert await store.raise_threshold(p, 0.91) == pytest.approx(0.91)
+            assert await store.get_threshold(p) == pytest.approx(0.91)
     finally:
         await store.aclose()
         stop_all(nodes)

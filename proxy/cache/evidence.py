@@ -81,7 +81,9 @@ class EvidenceCache:
         self.auditor = auditor or Auditor(0.0, similarity)
         self.auditor.bind(store)  # raised thresholds are shared by every replica on this store
         self._clock = clock
-        self._vocab: OrderedDict[str, set[str]] = OrderedDict()
+        # filter-like words per partition (its filters' values, then what responses' metadata taught), frozen:
+        # verification features are memoised per (text, vocabulary)
+        self._vocab: OrderedDict[str, frozenset[str]] = OrderedDict()
         # Replica-local lexical index: partition -> signature -> {query key: content words}. A query
         # with no entry of equal signature and enough shared content cannot pass verification, so
         # its miss skips the embedding (computed after the response, for filing). Off for shared
@@ -125,7 +127,7 @@ class EvidenceCache:
             lk.reason = why
         if isinstance(self.embedder, NoEmbedder):
             return
-        vocab = self._partition_vocab(pkey) | filter_words(q.filters)
+        vocab = self._partition_vocab(pkey, q.filters)
         mine = features(lk.norm, vocab)
         keys: list[str] | None = None
         if self.prefilter and self._shared:
@@ -152,7 +154,7 @@ class EvidenceCache:
             if not serves_top_k(cand.top_k, q.top_k):
                 lk.reason = "top_k"
                 continue
-            words = vocab | set(cand.vocab) if cand.vocab else vocab
+            words = vocab | frozenset(cand.vocab) if cand.vocab else vocab
             ours = features(lk.norm, words) if cand.vocab else mine
             refused = verify(ours, features(cand.query, words), sim, words) if self.verify_candidates else None
             if refused is not None:
@@ -188,7 +190,7 @@ class EvidenceCache:
             vector = await self.embedder.embed(lk.norm)
         key = lk.qkey if entry.owner is None else private_key(lk.qkey, entry.owner)
         await self.store.put(part.key, key, entry, vector, self.ttl_s)
-        self._learn(part.key, words)
+        self._learn(part.key, words, lk.query.filters)
         if self.prefilter and vector is not None:
             self._lex.add(part.key, key, lk.norm, features(lk.norm).content)
         return part
@@ -208,14 +210,18 @@ class EvidenceCache:
         while len(self._synced) > 10_000:
             self._synced.popitem(last=False)
 
-    def _learn(self, pkey: str, words: Sequence[str]) -> None:
+    def _learn(self, pkey: str, words: Sequence[str], filters: Any) -> None:
+        known = self._partition_vocab(pkey, filters)
+        if len(known) < MAX_VOCAB and not known.issuperset(words):
+            self._vocab[pkey] = known | frozenset(words)
+        self._vocab.move_to_end(pkey)
+        while len(self._vocab) > 10_000:
+            self._vocab.popitem(last=False)
+
+    def _partition_vocab(self, pkey: str, filters: Any) -> frozenset[str]:
         known = self._vocab.get(pkey)
-        if known is None:
-            known = self._vocab[pkey] = set()
+        if known is None:  # the partition key covers the filters: their words are the partition's
+            known = self._vocab[pkey] = frozenset(filter_words(filters))
             while len(self._vocab) > 10_000:
                 self._vocab.popitem(last=False)
-        if len(known) < MAX_VOCAB:
-            known.update(words)
-
-    def _partition_vocab(self, pkey: str) -> set[str]:
-        return self._vocab.get(pkey, set())
+        return known

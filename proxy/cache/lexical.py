@@ -43,7 +43,7 @@ class LexicalIndex:
             for w in words:
                 part.postings.get(w, set()).discard(old)
 
-    def candidates(self, pkey: str, mine: Features, vocab: set[str], limit: int = 20) -> tuple[list[str], str]:
+    def candidates(self, pkey: str, mine: Features, vocab: frozenset[str], limit: int = 20) -> tuple[list[str], str]:
         """Query keys of entries that pass verification against `mine` (similarity aside), most shared
         content first; when there are none, the closest entry's refusal."""
         part = self._parts.get(pkey)

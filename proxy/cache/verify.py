@@ -9,6 +9,7 @@ comparison words, the roles of from/to/than, quoted strings, named entities, fil
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ def stem(word: str) -> str:
     return w
 
 
+@functools.lru_cache(maxsize=65_536)
 def canon(word: str) -> str:
     w = word.casefold().strip("'’-")
     w = lx.SYNONYMS.get(w, w)
@@ -60,8 +62,26 @@ def canon(word: str) -> str:
 
 
 def features(text: str, vocab: Iterable[str] = ()) -> Features:
-    """Everything `verify` compares, from one query. `vocab`: filter-like words of the partition."""
-    vocab_set = {canon(v) for v in vocab}
+    """Everything `verify` compares, from one query. `vocab`: filter-like words of the partition.
+
+    Remembered when `vocab` is a frozenset (the cache passes one per partition): a lookup compares
+    the query with the same cached queries again and again."""
+    if isinstance(vocab, frozenset):
+        return _features_of(text, vocab)
+    return _features(text, _canon_set(frozenset(vocab)))
+
+
+@functools.lru_cache(maxsize=32_768)
+def _features_of(text: str, vocab: frozenset[str]) -> Features:
+    return _features(text, _canon_set(vocab))
+
+
+@functools.lru_cache(maxsize=4_096)
+def _canon_set(vocab: frozenset[str]) -> frozenset[str]:
+    return frozenset(canon(v) for v in vocab)
+
+
+def _features(text: str, vocab_set: frozenset[str]) -> Features:
     quoted = frozenset(next(g for g in m.groups() if g).casefold().strip() for m in _QUOTED.finditer(text))
     raw_tokens = _TOKEN.findall(text)
     numbers: set[str] = set()
@@ -174,8 +194,7 @@ def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (
     if a.entities != b.entities:
         return "entity"
     changed = a.content ^ b.content
-    vocab_set = {canon(v) for v in vocab}
-    if changed & vocab_set:
+    if changed & _canon_set(vocab if isinstance(vocab, frozenset) else frozenset(vocab)):
         return "filter"
     if content_overlap(a.content, b.content) < intent_floor and similarity < intent_free_above:
         return "intent"

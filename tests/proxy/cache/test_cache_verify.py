@@ -53,6 +53,16 @@ def test_words_learned_from_filters_and_metadata_act_as_filters() -> None:
     assert check(a, b, vocab=("gold", "silver")) in ("entity", "filter")
 
 
+def test_remembered_features_match_fresh_ones() -> None:
+    vocab = ("Gold", "silver", "EMEA")
+    for text in ("benefits of the gold membership", "PTO for staff in emea", "transfer from checking to savings"):
+        fresh = features(text, list(vocab))
+        assert features(text, frozenset(vocab)) == fresh == features(text, frozenset(vocab))  # second: remembered
+        assert verify(fresh, fresh, 1.0, frozenset(vocab)) is None
+    gold, silver = features("the gold plan", frozenset(vocab)), features("the silver plan", frozenset(vocab))
+    assert verify(gold, silver, 1.0, frozenset(vocab)) == verify(gold, silver, 1.0, list(vocab)) is not None
+
+
 def test_verification_is_symmetric_and_total_on_odd_input() -> None:
     for text in ("", "   ", "???", "'unterminated", "数字 123", "a" * 5000):
         f = features(text)

@@ -4,7 +4,8 @@ Guarantees: one store round trip before forwarding (reserve) and one after (sett
 only for admitted calls); a refused call never reaches the upstream and raises `BudgetExceeded`
 (the pipeline renders it with `x-should-retry: false`); every response carries
 `x-ragtoll-budget-remaining`. Store calls are bounded by `store_timeout_ms`; a failing store
-forwards and marks the call degraded (`on_store_error: open`) or answers 503 (`closed`).
+forwards and marks the call degraded (`on_store_error: open`) or answers 503 (`closed`), per
+failure domain (`Store.failure_domain`: on Redis Cluster, the node that owns the task's slot).
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ _VERDICTS = {"correct": True, "true": True, "incorrect": False, "false": False}
 WARNING_HEADER = b"x-ragtoll-budget-warning"
 WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
 MAX_CACHED_PROFILES = 100_000
-# After a store failure, calls skip the store for this long (open: forward at once; closed: 503 at
-# once) instead of each waiting out store_timeout_ms against a store that is down.
+# After a store failure, calls whose task lives in the same failure domain (on Redis Cluster: the
+# same node) skip the store for this long (open: forward at once; closed: 503 at once) instead of
+# each waiting out store_timeout_ms against a store that is down. Other domains are unaffected.
 STORE_RETRY_MS = 1000
+MAX_DOWN_DOMAINS = 1024  # failure domains remembered as down (a cluster's nodes, or slots before its map is known)
 _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')  # the first id after "response.created"
 
 
@@ -86,7 +89,7 @@ class BudgetStage:
         self.hmac_key = load_key(self.cfg.hmac_key_env, self.cfg.hmac_key_file, env)
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
         self._profiles: OrderedDict[str, Selection] = OrderedDict()
-        self._store_down_until = 0
+        self._down_until: dict[str, int] = {}  # failure domain -> wall ms until which its store is skipped
 
     # --- before forwarding ------------------------------------------------------------------------
 
@@ -99,8 +102,10 @@ class BudgetStage:
         sel = self._selection(ex, baggage)
         charge = self._charge(ex, hit is not None)
         now = self._wall_ms()
-        if now < self._store_down_until:
-            return self._store_failed(ex, StoreUnavailable("the store failed moments ago; not retried yet"), hit)
+        domain = self.store.failure_domain(task_id)
+        if now < self._down_until.get(domain, 0):
+            skipped = StoreUnavailable(f"the store ({domain}) failed moments ago; not retried yet")
+            return self._store_failed(ex, skipped, hit)
         try:
             async with asyncio.timeout(self.timeout):
                 limits, notes = self._limits(sel.profile, baggage, task_id, now)
@@ -111,7 +116,7 @@ class BudgetStage:
                     limits, notes = self._limits(sel.profile, baggage, task_id, now)
                     decision = await self._reserve(ex, sel, limits, charge, now)
         except Exception as exc:  # noqa: BLE001 - any store failure: open or closed, never hang
-            self._store_down_until = self._wall_ms() + STORE_RETRY_MS
+            self._mark_down(domain)
             return self._store_failed(ex, exc, hit)
         if decision.profile_conflict:
             return self._store_failed(ex, RuntimeError("profile conflict did not resolve"), hit)
@@ -124,6 +129,18 @@ class BudgetStage:
             raise self._exceeded(ex, decision, charge, now)
         self._prepare_stream(ex, ticket, decision.ledger, now)
         return hit.reply if hit is not None else None
+
+    def _mark_down(self, domain: str) -> None:
+        """Skip `domain`'s store for STORE_RETRY_MS. Bounded: expired windows go first, then the oldest."""
+        now = self._wall_ms()
+        down = self._down_until
+        down.pop(domain, None)  # re-inserted last: the dict stays in order of marking
+        if len(down) >= MAX_DOWN_DOMAINS:
+            for d in [d for d, until in down.items() if until <= now]:
+                del down[d]
+            while len(down) >= MAX_DOWN_DOMAINS:
+                del down[next(iter(down))]
+        down[domain] = now + STORE_RETRY_MS
 
     def _selection(self, ex: Exchange, baggage: dict[str, str]) -> Selection:
         task_id = ex.task.id  # type: ignore[union-attr]

@@ -62,6 +62,15 @@ class Store(Protocol):
 
     async def get_task(self, task_id: str) -> Ledger | None: ...
 
+    def failure_domain(self, task_id: str) -> str:
+        """Which part of the store serves `task_id` and fails as one: a pure, cheap lookup (no I/O).
+
+        After a failure the caller skips the store for that domain only (budget stage), so tasks
+        served elsewhere are unaffected. One constant for a single server; on Redis Cluster, the
+        node that owns the task's hash slot.
+        """
+        ...
+
     async def end_task(self, task_id: str, idle_before_ms: int | None = None) -> Ledger | None:
         """Remove the task and return its final ledger, or None if there is none.
 

@@ -104,6 +104,9 @@ class MemoryStore:
                 out.append(task_id)
         return out
 
+    def failure_domain(self, task_id: str) -> str:
+        return "memory"
+
     async def ping(self) -> None:
         return None
 

@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, SlotNotCoveredError
 
 from ..budget import Actual, Charge, Ledger, Reservation
 from ..config import DIMENSIONS
@@ -161,6 +161,17 @@ class RedisStore:
 
     async def idle_tasks(self, idle_before_ms: int) -> list[str]:
         return [t for t, last in self._local.items() if last < idle_before_ms]
+
+    def failure_domain(self, task_id: str) -> str:
+        """One server: one domain ("redis"). Cluster: the node ("host:port") that owns the slot of
+        the task's hash tag, where its scripts run; "slot:<n>" until the slot map is known."""
+        if not self._cluster:
+            return "redis"
+        key = task_keys(task_id)[0]
+        try:
+            return str(self.client.get_node_from_key(key).name)
+        except SlotNotCoveredError:
+            return f"slot:{self.client.keyslot(key)}"
 
     async def ping(self) -> None:
         if not self._ready:

@@ -10,9 +10,12 @@ from __future__ import annotations
 import random
 import socket
 import time
+import uuid
 from typing import Any
 
 import redis
+from ragtoll.proxy.stores.redis import task_keys
+from redis.crc import key_slot
 
 from .redis_server import RedisProcess, start_redis, stop_all
 
@@ -31,18 +34,17 @@ def cluster_free_port() -> int:
     raise RuntimeError("no free port pair for a cluster node")
 
 
-def start_budget_cluster(masters: int = 3) -> list[RedisProcess]:
-    """A real Redis Cluster of `masters` nodes on loopback, joined with CLUSTER ADDSLOTS / MEET."""
+def start_budget_cluster(masters: int = 3, extra: list[str] | None = None) -> list[RedisProcess]:
+    """A real Redis Cluster of `masters` nodes on loopback, joined with CLUSTER ADDSLOTS / MEET.
+    Master `i` owns slots `slot_range(i, masters)`; `extra` is passed to every redis-server."""
     nodes: list[RedisProcess] = []
     try:
         for _ in range(masters):
             nodes.append(start_redis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                      "--cluster-node-timeout", "2000"], port=cluster_free_port()))
+                                      "--cluster-node-timeout", "2000", *(extra or [])], port=cluster_free_port()))
         clients = [redis.Redis(port=n.port) for n in nodes]
-        per = 16384 // masters
         for i, c in enumerate(clients):
-            end = 16383 if i == masters - 1 else (i + 1) * per - 1
-            c.execute_command("CLUSTER ADDSLOTS", *range(i * per, end + 1))
+            c.execute_command("CLUSTER ADDSLOTS", *slot_range(i, masters))
         for c in clients[1:]:
             c.execute_command("CLUSTER MEET", "127.0.0.1", nodes[0].port)
         deadline = time.monotonic() + 30
@@ -59,6 +61,30 @@ def start_budget_cluster(masters: int = 3) -> list[RedisProcess]:
     except BaseException:
         stop_all(nodes)
         raise
+
+
+def slot_range(i: int, masters: int) -> range:
+    """The hash slots master `i` of `masters` is given."""
+    per = 16384 // masters
+    return range(i * per, 16384 if i == masters - 1 else (i + 1) * per)
+
+
+def master_of(task_id: str, masters: int = 3) -> int:
+    """The master (index, slots as `slot_range`) that holds a task's budget keys: the slot of the
+    hash tag the Redis store's scripts use."""
+    slot = key_slot(task_keys(task_id)[0].encode())
+    return next(i for i in range(masters) if slot in slot_range(i, masters))
+
+
+def tasks_on_masters(per_master: int, masters: int = 3, prefix: str = "t") -> dict[int, list[str]]:
+    """`per_master` new task ids for each master index."""
+    out: dict[int, list[str]] = {i: [] for i in range(masters)}
+    while any(len(ts) < per_master for ts in out.values()):
+        t = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        ts = out[master_of(t, masters)]
+        if len(ts) < per_master:
+            ts.append(t)
+    return out
 
 
 def _info(raw: Any) -> dict[str, str]:

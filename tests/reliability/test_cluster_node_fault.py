@@ -1,0 +1,133 @@
+"""One Redis Cluster master fails: only the tasks whose slot it owns lose their budget.
+
+A real 3-master cluster (`cluster-require-full-coverage no`, so the healthy masters keep serving
+their slots), one master killed (its port then refuses at once: no timing window to hit). Task
+ids are chosen by computing, as the store does, the slot of their hash-tagged keys, so each test
+knows which tasks live on the dead master. Calls alternate between dead-master and healthy
+tasks: with a single per-process skip window, every healthy call after the first failure would
+have gone out unbudgeted (open) or been refused (closed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from conftest import ProxyFactory, Telemetry, Upstream
+from ragtoll.instrumentation import semconv as sc
+from ragtoll.proxy.stores.memory import MemoryStore
+from ragtoll.proxy.stores.redis import RedisStore, task_keys
+from redis.crc import key_slot
+from support.budget_cluster import start_budget_cluster, tasks_on_masters
+from support.redis_server import RedisProcess, stop_all
+from test_upstream_faults import TOKEN, ledger
+
+MASTERS = 3
+DEAD = 0  # the master that is killed; the proxy's seed node is another one
+PER_NODE = 3
+ROUNDS = 3
+BUDGETS = {"default_profile": "p", "profiles": {"p": {"max_steps": 1000}}}
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
+
+
+@pytest.fixture(autouse=True)
+def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
+
+
+@pytest.fixture
+def cluster() -> Iterator[list[RedisProcess]]:
+    nodes = start_budget_cluster(MASTERS, ["--cluster-require-full-coverage", "no"])
+    try:
+        yield nodes
+    finally:
+        stop_all(nodes)
+
+
+def chat(http: httpx.Client, base: str, task: str) -> httpx.Response:
+    return http.post(f"{base}/openai/v1/chat/completions", json=CHAT, headers={"x-ragtoll-task-id": task})
+
+
+def call_spans(telemetry: Telemetry, count: int) -> list[Any]:
+    """The finished call spans, once there are `count` (a span ends just after its response)."""
+    deadline = time.monotonic() + 10
+    while True:
+        spans = [s for s in telemetry.spans() if sc.TASK_ID in s.attributes and sc.OUTCOME in s.attributes]
+        if len(spans) >= count or time.monotonic() > deadline:
+            return spans
+        time.sleep(0.02)
+
+
+def reserve_failed(span: Any) -> bool:
+    return bool(span.attributes.get(sc.DEGRADED)) and any(
+        e.name == sc.EVENT_DEGRADED and "on_store_error" in e.attributes for e in span.events)
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+def test_a_dead_master_degrades_only_its_own_tasks(proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry,
+                                                  cluster: list[RedisProcess], mode: str) -> None:
+    by_master = tasks_on_masters(PER_NODE, MASTERS, prefix="node")
+    dead = by_master[DEAD]
+    healthy = [t for i in range(MASTERS) if i != DEAD for t in by_master[i]]
+    url = f"redis+cluster://127.0.0.1:{cluster[1].port}"
+    with proxy(store=url, on_store_error=mode, store_timeout_ms=1000, budgets=BUDGETS) as base, \
+            httpx.Client(timeout=10) as http:
+        warm = {t: chat(http, base, t) for ts in by_master.values() for t in ts}
+        for i, ts in by_master.items():  # the test's slot arithmetic matches where the ledgers landed
+            with redis.Redis(port=cluster[i].port) as node:
+                assert all(node.exists(task_keys(t)[0]) for t in ts), i
+        cluster[DEAD].stop()
+        forwarded_before = upstream.app.state.calls["/v1/chat/completions"]
+        answers: list[tuple[str, httpx.Response]] = []
+        for _ in range(ROUNDS):
+            for j in range(PER_NODE):  # a dead-master task first, then the healthy ones right after it
+                for i in range(MASTERS):
+                    t = by_master[(DEAD + i) % MASTERS][j]
+                    answers.append((t, chat(http, base, t)))
+        forwarded = upstream.app.state.calls["/v1/chat/completions"] - forwarded_before
+        ledgers = {t: ledger(http, base, t) for t in healthy}
+    spans = call_spans(telemetry, len(warm) + len(answers))[len(warm):]
+
+    assert all(r.status_code == 200 and "x-ragtoll-budget-remaining" in r.headers for r in warm.values())
+    for t, r in answers:
+        if t in dead:
+            if mode == "open":
+                assert r.status_code == 200 and "x-ragtoll-budget-remaining" not in r.headers, (t, r.status_code)
+            else:
+                assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable", (t, r.text)
+        else:  # admitted normally, with its budget, however recently the dead master failed
+            assert r.status_code == 200 and "x-ragtoll-budget-remaining" in r.headers, (t, r.status_code, r.text)
+    assert len(spans) == len(answers)
+    by_task: dict[str, list[Any]] = {}
+    for s in spans:
+        by_task.setdefault(s.attributes[sc.TASK_ID], []).append(s)
+    assert all(len(by_task[t]) == ROUNDS and all(reserve_failed(s) for s in by_task[t]) for t in dead)
+    assert all(len(by_task[t]) == ROUNDS and not any(s.attributes.get(sc.DEGRADED) for s in by_task[t])
+               for t in healthy)
+    assert all(ledgers[t]["used"]["steps"] == 1 + ROUNDS for t in healthy)  # every healthy call was counted
+    admitted = len(healthy) * ROUNDS
+    assert forwarded == (admitted + len(dead) * ROUNDS if mode == "open" else admitted)
+
+
+async def test_failure_domain_is_the_node_that_owns_the_task_slot(cluster: list[RedisProcess]) -> None:
+    by_master = tasks_on_masters(PER_NODE, MASTERS, prefix="node")
+    store = RedisStore(f"redis+cluster://127.0.0.1:{cluster[0].port}")
+    try:
+        t = by_master[1][0]
+        # before the slot map is known: the slot itself
+        assert store.failure_domain(t) == f"slot:{key_slot(task_keys(t)[0].encode())}"
+        await store.ping()  # learns the slot map
+        for i, ts in by_master.items():
+            assert {store.failure_domain(t) for t in ts} == {f"127.0.0.1:{cluster[i].port}"}
+    finally:
+        await store.aclose()
+    plain = RedisStore("redis://127.0.0.1:1/0")  # one server: one domain (and no I/O to say so)
+    try:
+        assert {plain.failure_domain(t) for ts in by_master.values() for t in ts} == {"redis"}
+    finally:
+        await plain.aclose()
+    assert MemoryStore().failure_domain("a") == MemoryStore().failure_domain("b")

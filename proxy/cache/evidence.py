@@ -12,9 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from . import acl
 from .audit import Auditor
@@ -25,6 +23,9 @@ from .partition import Partition, canonical_filters, exact_key, filter_words, no
 from .principal import Principal
 from .verify import features, verify
 from .versions import Versions
+
+if TYPE_CHECKING:
+    import numpy as np
 
 MAX_VOCAB = 2_000  # filter-like words remembered per partition
 SYNC_INTERVAL_S = 0.25  # how often a replica pulls other replicas' new entries of a partition

@@ -9,10 +9,12 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from .entry import Entry
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # A source version is small and rarely written; keep it for a long while but not forever.
 VERSION_TTL_S = 30 * 24 * 3600
@@ -77,6 +79,8 @@ class MemoryEvidenceStore:
                 if found is not None and found[1] > now:
                     picked.append((sim, found[0]))
             return picked
+        import numpy as np  # only stores with vectors get here: an embedder other than `none`
+
         if part.matrix is None:
             part.keys = list(part.vectors)
             part.matrix = np.stack([part.vectors[k] for k in part.keys])
@@ -106,7 +110,7 @@ class MemoryEvidenceStore:
         self._bytes += size
         if vector is not None:
             part = self._parts.setdefault(pkey, _Partition())
-            part.vectors[qkey] = vector.astype(np.float32, copy=False)
+            part.vectors[qkey] = vector.astype("float32", copy=False)
             part.matrix = None
             if len(part.vectors) > self.max_partition_entries:
                 oldest = next(iter(part.vectors))

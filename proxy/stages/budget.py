@@ -44,7 +44,7 @@ MAX_CACHED_PROFILES = 100_000
 # same node) skip the store for this long (open: forward at once; closed: 503 at once) instead of
 # each waiting out store_timeout_ms against a store that is down. Other domains are unaffected.
 STORE_RETRY_MS = 1000
-MAX_DOWN_DOMAINS = 1024  # failure domains remembered as down (a cluster's nodes, or slots before its map is known)
+MAX_DOWN_DOMAINS = 1024  # domains remembered as down: a cluster's nodes (or slots, before its map is known)
 _RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')  # the first id after "response.created"
 
 

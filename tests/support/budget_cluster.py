@@ -40,8 +40,9 @@ def start_budget_cluster(masters: int = 3, extra: list[str] | None = None) -> li
     nodes: list[RedisProcess] = []
     try:
         for _ in range(masters):
-            nodes.append(start_redis(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                      "--cluster-node-timeout", "2000", *(extra or [])], port=cluster_free_port()))
+            args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                    "--cluster-node-timeout", "2000"]
+            nodes.append(start_redis([*args, *(extra or [])], port=cluster_free_port()))
         clients = [redis.Redis(port=n.port) for n in nodes]
         for i, c in enumerate(clients):
             c.execute_command("CLUSTER ADDSLOTS", *slot_range(i, masters))

@@ -98,18 +98,19 @@ def encoding_for_model(model: str | None) -> tuple[str, bool]:
 
 # Agents resend the whole conversation every step, so most message texts were counted before:
 # remembering counts by text hash turns a 64 KB prompt from ~2 ms of BPE into ~20 us of hashing.
-_MEMO_MIN_CHARS = 256
-_MEMO_MAX = 65536
-_memo: dict[tuple[str, int], int] = {}
+_MEMO_MIN_CHARS = 256  # shorter texts are their own key; longer ones are keyed by a 64-bit hash
+_MEMO_MAX = 16384  # at most a few MB, however long the texts
+_memo: dict[tuple[str, object], int] = {}
 
 
 def count(text: str, name: str = O200K) -> int:
     """Tokens in `text`; special-token text counts as ordinary text (what a prompt sends)."""
     if not text:
         return 0
-    if len(text) < _MEMO_MIN_CHARS:
-        return len(encoding(name).encode_ordinary(text))
-    key = (name, xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass")))
+    # Short texts are remembered by the text itself; besides the BPE, this skips tiktoken releasing
+    # the GIL, which hands it to the span-export thread and can cost the event loop milliseconds.
+    key: tuple[str, object] = (name, text) if len(text) < _MEMO_MIN_CHARS else (
+        name, xxhash.xxh3_64_intdigest(text.encode("utf-8", "surrogatepass")))
     n = _memo.get(key)
     if n is None:
         n = len(encoding(name).encode_ordinary(text))

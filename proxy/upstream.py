@@ -13,7 +13,7 @@ from http.cookiejar import CookieJar, DefaultCookiePolicy
 
 import httpx2 as httpx
 from opentelemetry.instrumentation.httpx import AsyncOpenTelemetryTransportHttpx2
-from opentelemetry.metrics import MeterProvider
+from opentelemetry.metrics import MeterProvider, NoOpMeterProvider
 from opentelemetry.trace import TracerProvider
 
 from .config import Timeouts, UpstreamConfig
@@ -73,8 +73,10 @@ class UpstreamClient:
                 max_keepalive_connections=up.limits.max_keepalive_connections,
             )
             inner = _TrustFilter(httpx.AsyncHTTPTransport(limits=limits, trust_env=False))
+            # The instrumentation's own http.client.* metrics are off: they repeat what
+            # gen_ai.client.operation.duration and ragtoll.proxy.overhead record, at a cost per call.
             mounts[origin + "/"] = AsyncOpenTelemetryTransportHttpx2(
-                inner, tracer_provider=tracer_provider, meter_provider=meter_provider
+                inner, tracer_provider=tracer_provider, meter_provider=NoOpMeterProvider()
             )
         # Never remember cookies: a proxy must not carry one caller's Set-Cookie to another.
         jar = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
@@ -84,6 +86,7 @@ class UpstreamClient:
         # Forward the caller's headers unchanged: no client defaults added.
         for name in ("user-agent", "accept", "accept-encoding", "connection"):
             del self._client.headers[name]
+        self._urls: dict[tuple[str, str], httpx.URL] = {}  # parsed once per (upstream, path + query)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -102,15 +105,27 @@ class UpstreamClient:
 
         The caller owns the returned response and must `aclose()` it (also on cancellation).
         """
-        timeout = httpx.Timeout(connect=timeouts.connect, read=timeouts.read, write=timeouts.write, pool=timeouts.pool)
-        url = upstream.url.rstrip("/") + target
+        timeout = {"connect": timeouts.connect, "read": timeouts.read, "write": timeouts.write, "pool": timeouts.pool}
         with _mapped(upstream.name):
-            request = self._client.build_request(
-                method, url, headers=headers, content=body, timeout=timeout,
-                extensions={_TRUSTED: upstream.trusted},
-            )
+            # A Request made directly, not by build_request: the client has no base URL, default
+            # headers or cookies to merge, and the URL of a path seen before is not parsed again.
+            request = httpx.Request(method, self._url(upstream.url, target), headers=headers, content=body,
+                                    extensions={"timeout": timeout, _TRUSTED: upstream.trusted})
             response = await self._client.send(request, stream=True)
         return UpstreamResponse(response, upstream.name)
+
+
+    def _url(self, base: str, target: str) -> httpx.URL:
+        url = self._urls.get((base, target))
+        if url is None:
+            url = httpx.URL(base.rstrip("/") + target)
+            if len(self._urls) >= _MAX_URLS:
+                self._urls.clear()  # bounded: ids in paths make targets unbounded; a refill costs only parsing
+            self._urls[(base, target)] = url
+        return url
+
+
+_MAX_URLS = 4096
 
 
 class UpstreamResponse:

@@ -68,6 +68,7 @@ class Ticket:
     cost_usd: float | None = None  # settled cost, set in on_end (for metrics)
     cut: str | None = None
     settled: bool = False  # settle ran (early, in on_response, or in on_end)
+    annotation: tuple[Any, ...] | None = None  # _annotate's arguments, applied before settle or at on_end
 
 
 class BudgetStage:
@@ -124,9 +125,13 @@ class BudgetStage:
         ticket = Ticket(decision.admitted, charge, decision.reservation, limits, sel.profile, shadow,
                         dimension=decision.dimension)
         ex.state["budget"] = ticket
-        self._annotate(ex, sel, notes, decision, charge, now)
+        left, warn = self._headers(ex, ticket, decision, charge, now)
         if not decision.admitted:
+            self._annotate(ex, sel, notes, decision, charge, now, left, warn, time.time_ns())
             raise self._exceeded(ex, decision, charge, now)
+        # The span attributes wait for on_end (spans are exported only when they end): the
+        # ~40 attributes and events then cost nothing before the first byte reaches the client.
+        ticket.annotation = (sel, notes, decision, charge, now, left, warn, time.time_ns())
         self._prepare_stream(ex, ticket, decision.ledger, now)
         return hit.reply if hit is not None else None
 
@@ -214,18 +219,31 @@ class BudgetStage:
         ex.state["budget_degraded"] = reason
         return hit.reply if hit is not None else None
 
-    def _annotate(self, ex: Exchange, sel: Selection, notes: list[str], d: Decision, charge: Charge, now: int) -> None:
-        ticket: Ticket = ex.state["budget"]
-        ledger = d.ledger
+    def _headers(self, ex: Exchange, ticket: Ticket, d: Decision, charge: Charge,
+                 now: int) -> tuple[dict[str, Any], dict[str, float]]:
+        """The budget response headers; returns what is left and the warnings, for the span."""
         charged = charge if d.admitted else None
-        left = bm.remaining(ticket.limits, ledger, charged, now)
+        left = bm.remaining(ticket.limits, d.ledger, charged, now)
         if left:
             ex.response_headers.append((REMAINING_HEADER, bm.sf_dictionary(left)))
-        warn = bm.warnings(ticket.limits, ledger, charged, now, self.cfg.warn_fraction)
+        warn = bm.warnings(ticket.limits, d.ledger, charged, now, self.cfg.warn_fraction)
         if warn:
             ex.response_headers.append((WARNING_HEADER, bm.sf_dictionary({k: round(v, 3) for k, v in warn.items()})))
         if ticket.shadow and d.dimension:
             ex.response_headers.append((WOULD_REJECT_HEADER, d.dimension.encode()))
+        return left, warn
+
+    def _flush_annotation(self, ex: Exchange, ticket: Ticket) -> None:
+        if ticket.annotation is not None:
+            args, ticket.annotation = ticket.annotation, None
+            self._annotate(ex, *args)
+
+    def _annotate(self, ex: Exchange, sel: Selection, notes: list[str], d: Decision, charge: Charge, now: int,
+                  left: dict[str, Any], warn: dict[str, float], at_ns: int) -> None:
+        """The reservation on the call span: profile, limit/used/remaining per dimension, events at `at_ns`."""
+        ticket: Ticket = ex.state["budget"]
+        ledger = d.ledger
+        charged = charge if d.admitted else None
         span = ex.span
         if span is None or not span.is_recording():
             return
@@ -248,17 +266,17 @@ class BudgetStage:
             attrs[sc.BUDGET_EXCEEDED_DIMENSION if not ticket.shadow else sc.BUDGET_WOULD_REJECT] = d.dimension
         span.set_attributes(attrs)
         if d.admitted:
-            span.add_event(sc.EVENT_CHARGE, {k: v for k, v in (
+            span.add_event(sc.EVENT_CHARGE, timestamp=at_ns, attributes={k: v for k, v in (
                 ("steps", charge.steps), ("calls", charge.calls), ("retrieval_calls", charge.retrieval_calls),
                 ("rerank_calls", charge.rerank_calls), ("context_tokens", charge.context_tokens),
                 ("completion_tokens_reserved", charge.completion_reserve),
                 ("cost_usd_reserved", bm.usd(charge.cost)), ("unique_queries", int(d.reservation.new_query)),
                 ("cache_hit", charge.cache_hit)) if v})
         for dim, share in warn.items():
-            span.add_event(sc.EVENT_WARNING, {"dimension": dim, "used_fraction": round(share, 4)})
+            span.add_event(sc.EVENT_WARNING, {"dimension": dim, "used_fraction": round(share, 4)}, timestamp=at_ns)
         if d.dimension:
             limit = ticket.limits[d.dimension]
-            span.add_event(sc.EVENT_EXCEEDED, {
+            span.add_event(sc.EVENT_EXCEEDED, timestamp=at_ns, attributes={
                 "dimension": d.dimension, "limit": bm.usd(limit) if d.dimension == "max_cost_usd" else limit,
                 "used": bm.used_value(d.dimension, ledger, charge if d.dimension == "max_prompt_tokens" else None, now),
                 "mode": "shadow" if ticket.shadow else "enforce", "would_reject": ticket.shadow})
@@ -323,6 +341,7 @@ class BudgetStage:
         if dim is None:
             ticket.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and ticket.tail_clean)
             return None
+        self._flush_annotation(ex, ticket)  # the reservation's events come before the cut's
         if ticket.shadow:  # record once what enforcement would have done; never cut
             ticket.cut = dim
             if ex.span is not None:
@@ -363,6 +382,8 @@ class BudgetStage:
     async def on_end(self, ex: Exchange) -> None:
         await self._baggage_outcome(ex)
         ticket: Ticket | None = ex.state.get("budget")
+        if ticket is not None:
+            self._flush_annotation(ex, ticket)
         if ticket is None or not ticket.admitted or ex.task is None or ticket.settled:
             return
         await self._settle(ex, ticket)
@@ -389,6 +410,7 @@ class BudgetStage:
     async def _settle(self, ex: Exchange, ticket: Ticket) -> Ledger | None:
         """Replace the reservation with the call's actual use, once; record it on the span."""
         assert ex.task is not None
+        self._flush_annotation(ex, ticket)  # the reserve-time totals first; settle's replace some
         ticket.settled = True
         actual = self._actual(ex, ticket)
         try:

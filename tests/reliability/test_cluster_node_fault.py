@@ -133,3 +133,26 @@ async def test_failure_domain_is_the_node_that_owns_the_task_slot(cluster: list[
     finally:
         await plain.aclose()
     assert MemoryStore().failure_domain("a") == MemoryStore().failure_domain("b")
+
+
+def test_idle_tasks_on_healthy_masters_still_end(proxy: ProxyFactory, cluster: list[RedisProcess],
+                                                 telemetry: Telemetry) -> None:
+    """The idle sweep ends every task it can reach: one on the dead master does not stop the rest."""
+    by_master = tasks_on_masters(PER_NODE, MASTERS, prefix="idle")
+    healthy = {t for i in range(MASTERS) if i != DEAD for t in by_master[i]}
+    url = f"redis+cluster://127.0.0.1:{cluster[1].port}"
+    with proxy(store=url, store_timeout_ms=500, budgets=BUDGETS, tasks={"idle_timeout_s": 0.4}) as base, \
+            httpx.Client(timeout=10) as http:
+        # the dead master's tasks first, so the sweep meets them before the healthy ones
+        for i in (DEAD, *(i for i in range(MASTERS) if i != DEAD)):
+            for t in by_master[i]:
+                assert chat(http, base, t).status_code == 200
+        cluster[DEAD].stop()
+        deadline = time.monotonic() + 15
+        ended: set[str] = set()
+        while ended != healthy and time.monotonic() < deadline:
+            time.sleep(0.1)  # each ended task gets its ragtoll.task summary span
+            ended = {s.attributes[sc.TASK_ID] for s in telemetry.spans() if s.name == sc.TASK_SPAN}
+        still_open = [t for t in by_master[DEAD] if t not in ended]
+    assert ended == healthy  # every healthy task ended idle; none of the dead master's could
+    assert len(still_open) == PER_NODE

@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import jwt
 import xxhash
 
 from ..config import IdentityConfig
@@ -55,8 +54,12 @@ class PrincipalResolver:
         self._secret: str | None = None
         self._jwks: dict[str, Any] = {}
         self._single_key: Any = None
+        self._jwt: Any = None
         if config.mode != "jwt":
             return
+        import jwt  # noqa: PLC0415 - PyJWT and cryptography (~10 MB) only when identity is jwt
+
+        self._jwt = jwt
         algs = set(config.jwt.algorithms)
         bad = algs - SYMMETRIC - ASYMMETRIC
         if not algs or bad:
@@ -114,6 +117,7 @@ class PrincipalResolver:
         if len(token) > MAX_TOKEN_BYTES:
             return Resolution(None, "identity:invalid")
         cfg = self.config.jwt
+        jwt = self._jwt
         try:
             header = jwt.get_unverified_header(token)
             alg = header.get("alg")

@@ -160,6 +160,10 @@ class BudgetStage:
             self._profiles.move_to_end(task_id)
         return sel
 
+    def forget(self, record: Mapping[str, Any]) -> None:
+        """A task ended (TaskEnder listener): its profile choice is no longer needed here."""
+        self._profiles.pop(str(record.get("task_id")), None)
+
     def _remember(self, task_id: str, sel: Selection) -> None:
         self._profiles[task_id] = sel
         while len(self._profiles) > MAX_CACHED_PROFILES:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import gc
 import os
 import time
@@ -42,15 +41,6 @@ from .stores import Store, open_store
 from .upstream import UpstreamClient
 
 TRACER_NAME = "ragtoll.proxy"
-
-
-def _trim_heap() -> None:
-    """Give the C heap's free pages back to the OS (glibc): building the encodings frees ~30 MB
-    of Python-side rank tables that would otherwise stay in the process's RSS."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim, nothing lost
-        pass
 
 
 def build_stages(settings: Settings, store: Store | None = None, meter: Any = None,
@@ -132,7 +122,6 @@ class RagtollApp:
         # Everything made so far (modules, encodings, config) lives as long as the process: keep it
         # out of the garbage collector's full passes, which otherwise grow with it.
         gc.freeze()
-        _trim_heap()
         ender.listeners.append(self._task_ended)
         for stage in self.pipeline.stages:
             if isinstance(stage, BudgetStage):

@@ -170,6 +170,9 @@ class CacheConfig:
     # semantic tier: candidates at or above `similarity` are verified before any is served
     similarity: float = 0.85
     candidates: int = 3
+    # ...and served only from an entry whose first result led its own retrieval by at least this
+    # share of the mean gap between adjacent ranks (verify.top_margin); a near tie serves exact hits only
+    min_top_margin: float = 0.25
     embedder_model: str | None = None  # the `model` sent to an upstream:<route> embedder
     max_entries: int = 50_000  # memory store bounds (LRU eviction)
     max_bytes: int = 256 * 1024 * 1024
@@ -340,6 +343,9 @@ def validate(settings: Settings) -> None:
     emb = settings.cache.embedder
     if emb not in ("none", "local") and not (emb.startswith("upstream:") and emb[9:] in names):
         _bad("cache.embedder", emb, f"none, local, or upstream:<name> with a configured upstream ({', '.join(sorted(names))})")
+    margin = settings.cache.min_top_margin
+    if not math.isfinite(margin) or margin < 0:
+        _bad("cache.min_top_margin", margin, "a number >= 0 (0 turns the ranking check off; default 0.25)")
     if not re.match(r"^[a-z0-9-]+$", settings.tasks.header.lower()):
         _bad("tasks.header", settings.tasks.header, "an HTTP header name")
 

@@ -2,7 +2,7 @@
 
 Pure. An entry keeps what a serve needs (the upstream's response body, the chunk ids and ACLs
 in rank order, the owner when an ACL was unknown) and what verification needs (the normalised
-query and the filter-like words seen in the response's metadata).
+query, the filter-like words seen in the response's metadata and how clearly its first result led).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class Entry:
     owner: str | None = None
     vocab: tuple[str, ...] = ()
     created: float = 0.0
+    margin: float | None = None  # how clearly the first result led its own retrieval (verify.top_margin)
 
     def size(self) -> int:
         return len(self.body) + len(self.query) + 64 * len(self.chunk_ids) + 256
@@ -36,7 +37,7 @@ class Entry:
             "q": self.query, "k": self.top_k, "ids": list(self.chunk_ids),
             "acl": [list(a) if a is not None else None for a in self.acls],
             "b": self.body.decode("utf-8"), "ct": self.content_type, "o": self.owner,
-            "v": list(self.vocab), "t": self.created,
+            "v": list(self.vocab), "t": self.created, "m": self.margin,
         })
 
     @classmethod
@@ -46,6 +47,7 @@ class Entry:
             query=d["q"], top_k=d["k"], chunk_ids=tuple(d["ids"]),
             acls=tuple(tuple(a) if a is not None else None for a in d["acl"]),
             body=d["b"].encode("utf-8"), content_type=d["ct"], owner=d["o"], vocab=tuple(d["v"]), created=d["t"],
+            margin=d.get("m"),  # absent from entries filed before margins were kept
         )
 
 

@@ -2,8 +2,9 @@
 
 No HTTP here: the stage turns an exchange into a `Query`, and the benchmark drives this class
 directly. Guarantees: no lookup crosses a partition; a semantic candidate is served only after
-`verify` passes; nothing is served unless the ACL decision (and the external check, when
-configured) allows every cached chunk to the current principal.
+`verify` passes and when its evidence's first result was not nearly tied (`min_top_margin`); nothing
+is served unless the ACL decision (and the external check, when configured) allows every cached
+chunk to the current principal.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .entry import Entry, EvidenceStore
 from .lexical import LexicalIndex
 from .partition import Partition, canonical_filters, exact_key, filter_words, normalize_query, serves_top_k
 from .principal import Principal
-from .verify import features, verify
+from .verify import features, top_margin, verify
 from .versions import Versions
 
 if TYPE_CHECKING:
@@ -69,9 +70,12 @@ class EvidenceCache:
     def __init__(self, store: EvidenceStore, *, embedder: Embedder | None = None, versions: Versions | None = None,
                  similarity: float = 0.8, candidates: int = 3, ttl_s: int = 3600, public: str = "public",
                  authz: acl.ExternalAuthz | None = None, auditor: Auditor | None = None,
-                 verify_candidates: bool = True, prefilter: bool = True,
+                 verify_candidates: bool = True, prefilter: bool = True, min_top_margin: float = 0.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        # an entry whose first result led its own retrieval by less than this (`top_margin`) serves
+        # exact hits only: a reworded query is likely to reorder a near tie
+        self.min_top_margin = min_top_margin
         self.verify_candidates = verify_candidates  # False only for the plain-threshold baseline (bench)
         self.embedder = embedder or NoEmbedder()
         self.versions = versions or Versions(store, {})
@@ -158,6 +162,8 @@ class EvidenceCache:
             words = vocab | frozenset(cand.vocab) if cand.vocab else vocab
             ours = features(lk.norm, words) if cand.vocab else mine
             refused = verify(ours, features(cand.query, words), sim, words) if self.verify_candidates else None
+            if refused is None and self.verify_candidates and self._fragile(cand):
+                refused = "ranking"
             if refused is not None:
                 lk.reason, lk.similarity = f"verify:{refused}", sim
                 continue
@@ -168,6 +174,9 @@ class EvidenceCache:
             lk.entry, lk.tier, lk.similarity = cand, "semantic", sim
             return
 
+    def _fragile(self, entry: Entry) -> bool:
+        return entry.margin is not None and entry.margin < self.min_top_margin
+
     async def _allowed(self, entry: Entry, principal: Principal) -> str | None:
         why = acl.decide(entry.acls, entry.owner, principal, self.public)
         if why is None and self.authz is not None:
@@ -176,8 +185,10 @@ class EvidenceCache:
 
     async def store_evidence(self, lk: Lookup, *, chunk_ids: Sequence[str], acls: Sequence[tuple[str, ...] | None],
                              body: bytes, content_type: str = "application/json", vocab: Sequence[str] = (),
-                             version: str | None = None) -> Partition:
-        """File what live retrieval returned for `lk`'s query. `version`: the one the response carried."""
+                             version: str | None = None,
+                             scores: Sequence[float | None] | None = None) -> Partition:
+        """File what live retrieval returned for `lk`'s query. `version`: the one the response carried;
+        `scores`: the results' retrieval scores in rank order, when the response had them."""
         part = lk.partition
         if version is not None:
             seen = await self.versions.observe(lk.query.route, version)
@@ -185,7 +196,8 @@ class EvidenceCache:
                 part = Partition(part.route, seen, part.filters, part.tenant)
         words = tuple(sorted({w for w in vocab if 0 < len(w) <= 40})[:200])
         entry = Entry(lk.norm, lk.query.top_k, tuple(chunk_ids), tuple(acls), body, content_type,
-                      acl.owner_of(acls, lk.query.principal), words, self._clock())
+                      acl.owner_of(acls, lk.query.principal), words, self._clock(),
+                      top_margin(scores) if scores is not None else None)
         vector = lk.vector
         if vector is None and not isinstance(self.embedder, NoEmbedder):
             vector = await self.embedder.embed(lk.norm)

@@ -5,13 +5,17 @@ this module refuses a candidate unless numbers, units, dates and periods, negati
 comparison words, the roles of from/to/than, quoted strings, named entities, filter-like words
 (learned from the partition's filters and chunk metadata) and the content words agree.
 `verify` returns None when the candidate may be served, else the name of the check that refused.
+`top_margin` measures how clearly a cached retrieval's first result led: a near tie is fragile,
+since a reworded query can reorder it, and the cache serves such an entry from the exact tier only.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
+import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from . import lexicon as lx
@@ -199,6 +203,28 @@ def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (
     if content_overlap(a.content, b.content) < intent_floor and similarity < intent_free_above:
         return "intent"
     return None
+
+
+def top_margin(scores: Sequence[float | None]) -> float | None:
+    """The gap between the first two results' scores over the mean gap between adjacent ranks.
+
+    1.0: the first result led by an average gap; near 0: the first two were tied. Free of the
+    score's scale and direction (similarities, BM25, distances). None when it cannot be told:
+    fewer than three scores, a missing or non-finite one, or scores out of rank order."""
+    if len(scores) < 3:
+        return None
+    s: list[float] = []
+    for x in scores:
+        if x is None or isinstance(x, bool) or not math.isfinite(x):
+            return None
+        s.append(float(x))
+    steps = [a - b for a, b in itertools.pairwise(s)]
+    if not (all(d >= 0 for d in steps) or all(d <= 0 for d in steps)):
+        return None  # not ranked by this score (e.g. reordered by a reranker)
+    spread = abs(s[0] - s[-1])
+    if spread == 0:
+        return 0.0  # every result tied
+    return abs(s[0] - s[1]) * (len(s) - 1) / spread
 
 
 def content_overlap(a: frozenset[str], b: frozenset[str]) -> float:

@@ -86,7 +86,8 @@ class EvidenceStage:
         self.auditor = Auditor(cfg.audit_fraction, cfg.similarity, cfg.audit_target, cfg.audit_step)
         self.cache = EvidenceCache(store, embedder=embedder, versions=Versions(store, cfg.sources),
                                    similarity=cfg.similarity, candidates=cfg.candidates, ttl_s=cfg.ttl_s,
-                                   public=cfg.acl_public, authz=authz, auditor=self.auditor)
+                                   public=cfg.acl_public, authz=authz, auditor=self.auditor,
+                                   min_top_margin=cfg.min_top_margin)
         tp = tracer_provider or trace.get_tracer_provider()
         self._tracer = tp.get_tracer("ragtoll.proxy.cache")
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("ragtoll.proxy.cache")
@@ -218,7 +219,7 @@ class EvidenceStage:
         vocab = metadata_words(get_path(doc, fields.get("results", "results")),
                                {fields.get("text", "text"), fields.get("id", "id"), fields.get("score", "score")})
         await self.cache.store_evidence(lk, chunk_ids=ids, acls=[c.acl for c in obs.chunks], body=body,
-                                        vocab=vocab, version=version)
+                                        vocab=vocab, version=version, scores=[c.score for c in obs.chunks])
 
     def _reply(self, upstream: UpstreamConfig, entry: Entry, top_k: int | None, tier: str) -> Reply:
         body = entry.body

@@ -39,6 +39,7 @@ class Retriever:
         self.calls = 0
         self.embedded: list[str] = []
         self.version = "v1"
+        self.scores: list[float] | None = None  # the results' scores in rank order (default: 1.0, 0.9, ...)
         self.docs = [
             {"id": "refund-annual", "text": "Annual plans: refunds within 30 days.", "groups": ["finance"], "plan": "annual"},
             {"id": "refund-monthly", "text": "Monthly plans: refunds within 7 days.", "groups": ["finance"], "plan": "monthly"},
@@ -65,7 +66,8 @@ class Retriever:
         with self.lock:
             self.calls += 1
             docs = sorted(self.docs, key=lambda d: (d["plan"] not in q, d["id"]))
-            results = [{"id": d["id"], "text": d["text"], "score": 1.0 - i / 10,
+            scores = self.scores or [1.0 - i / 10 for i in range(len(docs))]
+            results = [{"id": d["id"], "text": d["text"], "score": scores[i],
                         "metadata": {"plan": d["plan"], **({"groups": d["groups"]} if d["groups"] else {})}}
                        for i, d in enumerate(docs[: int(doc.get("top_k", 3))])]
             version = self.version
@@ -266,6 +268,22 @@ def test_semantic_hit_verified_with_the_local_embedder_and_audited(cache_proxy: 
     assert audit and audit[0].events[0].name == sc.EVENT_CACHE_AUDIT
     assert audit[0].events[0].attributes[sc.CACHE_AUDIT_AGREES] in (True, False)
     assert app.calls == 2 + 1  # three asks, one of them served; plus one audit re-run
+
+
+def test_nearly_tied_evidence_serves_exact_hits_only(cache_proxy: Any, retriever: Any,
+                                                     telemetry: Any) -> None:
+    _, app = retriever
+    app.scores = [0.81, 0.805, 0.5]  # the first two results nearly tied
+    with cache_proxy(cache={"embedder": "local"}) as base:
+        search(base, "refund window for annual pro plans", ALICE)
+        semantic = search(base, "refund window for yearly pro plans", ALICE)
+        exact = search(base, "Refund window for annual pro plans", ALICE)
+    assert "x-ragtoll-cache" not in semantic.headers
+    assert exact.headers["x-ragtoll-cache"] == "hit; tier=exact"
+    attrs = cache_attrs(telemetry)
+    assert attrs[1][sc.CACHE_REASON] == "verify:ranking" and attrs[1][sc.CACHE_SIMILARITY] >= 0.85
+    assert attrs[2][sc.CACHE_TIER] == "exact"
+    assert app.calls == 2
 
 
 def test_embeddings_exact_cache(cache_proxy: Any, retriever: Any) -> None:

@@ -6,11 +6,13 @@ import random
 
 import numpy as np
 import pytest
+from ragtoll.proxy import config
 from ragtoll.proxy.cache.audit import Auditor, compare
 from ragtoll.proxy.cache.embedders import CachedEmbedder, LocalEmbedder, LocalModel, NoEmbedder
 from ragtoll.proxy.cache.evidence import EvidenceCache, Query
 from ragtoll.proxy.cache.principal import Principal
 from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
+from ragtoll.proxy.errors import ConfigError
 
 ALICE = Principal("alice", frozenset({"staff"}))
 
@@ -26,11 +28,12 @@ def make(model: LocalModel | None, **kw: object) -> EvidenceCache:
 
 
 async def fill(cache: EvidenceCache, text: str, ids: list[str], top_k: int = 5, who: Principal = ALICE,
-               acl: tuple[str, ...] | None = ("staff",), filters: object = None, version: str | None = None) -> None:
+               acl: tuple[str, ...] | None = ("staff",), filters: object = None, version: str | None = None,
+               scores: list[float] | None = None) -> None:
     lk = await cache.lookup(Query("docs", text, filters, top_k, who))
     assert not lk.hit
     await cache.store_evidence(lk, chunk_ids=ids, acls=[acl] * len(ids), body=b'{"results": []}',
-                               vocab=["annual", "monthly", "pro"], version=version)
+                               vocab=["annual", "monthly", "pro"], version=version, scores=scores)
 
 
 async def ask(cache: EvidenceCache, text: str, top_k: int = 5, who: Principal = ALICE, filters: object = None):  # type: ignore[no-untyped-def]
@@ -70,6 +73,37 @@ async def test_semantic_hit_is_verified(model: LocalModel) -> None:
     assert not near.hit and near.reason == "verify:date"
     other = await ask(cache, "reset my password")
     assert not other.hit and other.vector is None  # prefilter: nothing could verify, so no embedding on the miss
+
+
+async def test_a_nearly_tied_ranking_serves_exact_hits_only(model: LocalModel) -> None:
+    cache = make(model, similarity=0.85, min_top_margin=0.25)
+    # live retrieval could barely tell its first two results apart: a rewording may well reorder them
+    tied = [0.81, 0.805, 0.6, 0.5]
+    await fill(cache, "refund window for annual pro plans", ["a", "b", "c", "d"], scores=tied)
+    semantic = await ask(cache, "refund window for yearly pro plans")
+    assert not semantic.hit and semantic.reason == "verify:ranking"
+    assert semantic.similarity is not None and semantic.similarity >= 0.85  # every other check passed
+    exact = await ask(cache, "Refund window for annual PRO plans")
+    assert exact.hit and exact.tier == "exact" and exact.entry is not None
+    assert exact.entry.margin == pytest.approx(0.005 * 3 / 0.31)
+
+    clear = make(model, similarity=0.85, min_top_margin=0.25)
+    await fill(clear, "refund window for annual pro plans", ["a", "b", "c", "d"], scores=[0.9, 0.7, 0.6, 0.5])
+    assert (await ask(clear, "refund window for yearly pro plans")).tier == "semantic"
+    unscored = make(model, similarity=0.85, min_top_margin=0.25)  # a response without scores: no margin known
+    await fill(unscored, "refund window for annual pro plans", ["a", "b", "c"])
+    assert (await ask(unscored, "refund window for yearly pro plans")).tier == "semantic"
+    off = make(model, similarity=0.85, min_top_margin=0.0)
+    await fill(off, "refund window for annual pro plans", ["a", "b", "c", "d"], scores=tied)
+    assert (await ask(off, "refund window for yearly pro plans")).tier == "semantic"
+
+
+@pytest.mark.parametrize("value", [-0.1, float("nan"), float("inf")])
+def test_min_top_margin_is_validated(value: float) -> None:
+    assert config.parse({}).cache.min_top_margin == 0.25
+    assert config.parse({"cache": {"min_top_margin": 0}}).cache.min_top_margin == 0
+    with pytest.raises(ConfigError, match="Config 'cache.min_top_margin' has value"):
+        config.parse({"cache": {"min_top_margin": value}})
 
 
 async def test_semantic_hits_are_acl_checked_too(model: LocalModel) -> None:

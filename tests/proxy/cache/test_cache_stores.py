@@ -19,7 +19,8 @@ def unit(*xs: float) -> np.ndarray:
 
 
 def entry(q: str, k: int = 5, body: bytes = b'{"results": []}') -> Entry:
-    return Entry(q, k, ("c1", "c2"), (("public",), None), body, owner="o1", vocab=("pro",), created=1.0)
+    return Entry(q, k, ("c1", "c2"), (("public",), None), body, owner="o1", vocab=("pro",), created=1.0,
+                 margin=0.5)
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -42,6 +43,13 @@ async def test_put_get_roundtrip(store: MemoryEvidenceStore) -> None:
     e = entry("refund window", body='{"results": ["é"]}'.encode())
     await store.put(p, "q1", e, unit(1, 0, 0), 60)
     assert await store.get(p, "q1") == e
+
+
+def test_entries_filed_before_margins_were_kept_still_load() -> None:
+    old = Entry.loads(b'{"q": "q", "k": 5, "ids": ["c1"], "acl": [null], "b": "{}", "ct": "application/json",'
+                      b' "o": "o1", "v": [], "t": 1.0}')
+    assert old.margin is None and old.chunk_ids == ("c1",)
+    assert Entry.loads(entry("q").dumps()).margin == 0.5
 
 
 async def test_nearest_stays_inside_the_partition_and_orders_by_similarity(store: MemoryEvidenceStore) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ragtoll.proxy.cache.verify import features, verify
+from ragtoll.proxy.cache.verify import features, top_margin, verify
 
 
 def check(a: str, b: str, vocab: tuple[str, ...] = (), similarity: float = 0.9) -> str | None:
@@ -67,3 +67,24 @@ def test_verification_is_symmetric_and_total_on_odd_input() -> None:
     for text in ("", "   ", "???", "'unterminated", "数字 123", "a" * 5000):
         f = features(text)
         assert verify(f, f, 1.0) is None
+
+
+@pytest.mark.parametrize(("scores", "margin"), [
+    ([0.9, 0.8, 0.7, 0.6, 0.5], 1.0),  # evenly spaced: the first gap is the mean gap
+    ([0.9, 0.899, 0.7, 0.6, 0.5], 0.01),  # the first two nearly tied
+    ([0.95, 0.6, 0.55, 0.5, 0.45], 2.8),  # a clear winner
+    ([12.0, 11.9, 8.0], 0.05),  # BM25-scale scores: the same measure
+    ([0.20, 0.21, 0.40], 0.1),  # distances (lower is nearer): the same measure
+    ([0.5, 0.5, 0.5], 0.0),  # every result tied
+])
+def test_top_margin_is_free_of_scale_and_direction(scores: list[float], margin: float) -> None:
+    assert top_margin(scores) == pytest.approx(margin)
+
+
+@pytest.mark.parametrize("scores", [
+    [], [0.9], [0.9, 0.1],  # fewer than three results: nothing to compare the first gap with
+    [0.9, None, 0.5], [0.9, float("nan"), 0.5], [0.9, float("inf"), 0.5],
+    [0.5, 0.9, 0.7],  # not in rank order by this score (e.g. reranked)
+])
+def test_top_margin_unknown(scores: list[float | None]) -> None:
+    assert top_margin(scores) is None

@@ -12,10 +12,12 @@ at that threshold and at the configured default; the dev half's are printed besi
 
 Each half is replayed as its own shuffled stream through ragtoll's EvidenceCache (memory store,
 embedder `local` as the proxy runs it). A miss runs live retrieval (a hybrid BM25 + MiniLM
-retriever over the whole corpus, the shipped float graph, top 5) and files its evidence; a hit is
+retriever over the whole corpus, the shipped float graph, top 5) and files its evidence with the
+retrieval scores (the cache's ranking check, `cache.min_top_margin`, reads their top margin); a hit is
 scored twice: against live retrieval for the new query (correct only with the same top result and
 >= 0.8 of the same top 5) and against the labels (a serve across intents is a near-miss serve).
-Lookup latency is measured by bench/bench_cache_lookup.py. A benchmark, not a test.
+The same rule without the ranking check is printed beside it, as a diagnostic (nothing is chosen
+from it). Lookup latency is measured by bench/bench_cache_lookup.py. A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ class Retriever:
         return score
 
     def search(self, text: str, domain: str, filters: dict[str, Any] | None) -> list[str]:
+        return self.search_scored(text, domain, filters)[0]
+
+    def search_scored(self, text: str, domain: str,
+                      filters: dict[str, Any] | None) -> tuple[list[str], list[float]]:
+        """The top K ids and their scores, as a retrieval response carries them."""
         idx = [i for i, d in enumerate(self.docs) if d["domain"] == domain and
                all(d["metadata"].get(k) == v for k, v in (filters or {}).items())]
         qv = self.model.encode(text)
@@ -87,7 +94,7 @@ class Retriever:
         dense = self.vecs[idx] @ qv
         score = 0.5 * dense + 0.5 * bm
         order = np.argsort(-score)[:K]
-        return [self.docs[idx[j]]["id"] for j in order]
+        return [self.docs[idx[j]]["id"] for j in order], [float(score[j]) for j in order]
 
 
 def metadata_vocab(docs_by_id: dict[str, dict[str, Any]], ids: list[str]) -> list[str]:
@@ -135,7 +142,7 @@ def near_miss_pairs(queries: list[dict[str, Any]]) -> int:
 
 
 async def run(queries: list[dict[str, Any]], docs_by_id: dict[str, dict[str, Any]], cache: EvidenceCache,
-              live: dict[str, list[str]]) -> dict[str, Any]:
+              live: dict[str, list[str]], scores: dict[str, list[float]] | None = None) -> dict[str, Any]:
     intent_of: dict[str, str] = {}
     principal = Principal("eval", frozenset({"staff"}))
     served = wrong_live = near_miss = same_intent = correct_live = embedded = misses = 0
@@ -164,7 +171,8 @@ async def run(queries: list[dict[str, Any]], docs_by_id: dict[str, dict[str, Any
             refusals[lk.reason] += 1
         body = json.dumps({"results": [{"id": i, "text": docs_by_id[i]["text"]} for i in live_ids]}).encode()
         await cache.store_evidence(lk, chunk_ids=live_ids, acls=[("public",)] * K, body=body,
-                                   vocab=metadata_vocab(docs_by_id, live_ids))
+                                   vocab=metadata_vocab(docs_by_id, live_ids),
+                                   scores=scores.get(q["text"]) if scores else None)
         intent_of[lk.norm] = intent
     n = len(queries)
     return {"queries": n, "served": served, "served_share": served / n, "correct_live": correct_live,
@@ -175,20 +183,26 @@ async def run(queries: list[dict[str, Any]], docs_by_id: dict[str, dict[str, Any
 
 
 def evaluate(queries: list[dict[str, Any]], docs_by_id: dict[str, Any], live: dict[str, list[str]],
-             embedder: Embedder, threshold: float, verify_on: bool, seeds: int) -> dict[str, Any]:
-    """Means over `seeds` shuffled stream orders, plus the worst order's near-miss and wrong serves."""
+             embedder: Embedder, threshold: float, verify_on: bool, seeds: int,
+             scores: dict[str, list[float]] | None = None,
+             min_top_margin: float | None = None) -> dict[str, Any]:
+    """Means over `seeds` shuffled stream orders, plus the worst order's near-miss and wrong serves.
+
+    `min_top_margin`: the ranking check's setting (None: the configured default; 0: off)."""
+    margin = CacheConfig().min_top_margin if min_top_margin is None else min_top_margin
     runs = []
     for seed in range(seeds):
         qs = list(queries)
         random.Random(seed).shuffle(qs)
         cache = EvidenceCache(MemoryEvidenceStore(), embedder=embedder, similarity=threshold,
-                              verify_candidates=verify_on)
-        runs.append(asyncio.run(run(qs, docs_by_id, cache, live)))
+                              verify_candidates=verify_on, min_top_margin=margin)
+        runs.append(asyncio.run(run(qs, docs_by_id, cache, live, scores)))
     agg: dict[str, Any] = {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]
                            if isinstance(runs[0][k], (int, float))}
     agg["threshold"] = threshold
     agg["worst_near_miss_served"] = max(r["near_miss_served"] for r in runs)
     agg["worst_wrong_live_share"] = max(r["wrong_live_share"] for r in runs)
+    agg["ranking_refusals"] = sum(r["miss_reasons"].get("verify:ranking", 0) for r in runs) / len(runs)
     agg["miss_reasons"] = runs[0]["miss_reasons"]
     agg["wrong_examples"] = runs[0]["wrong_examples"]
     return agg
@@ -219,25 +233,38 @@ def main(argv: list[str] | None = None) -> int:
     docs_by_id = {d["id"]: d for d in data["docs"]}
     # live retrieval stands for the user's stack: the shipped float graph, whatever ragtoll's embedder does
     retriever = Retriever(data["docs"], LocalModel.shared(int8=False))
-    live = {q["text"]: retriever.search(q["text"], q["domain"], q["filters"]) for q in data["queries"]}
+    ranked = {q["text"]: retriever.search_scored(q["text"], q["domain"], q["filters"])
+              for q in data["queries"]}
+    live = {text: ids for text, (ids, _) in ranked.items()}
+    scores = {text: s for text, (_, s) in ranked.items()}
     embedder = CachedEmbedder(LocalEmbedder(LocalModel.shared(), offload=False), size=100_000)
     dev, held = split(data["queries"])
     default = CacheConfig().similarity
+    margin = CacheConfig().min_top_margin
     report: dict[str, Any] = {"queries": len(data["queries"]), "docs": len(data["docs"]), "seeds": args.seeds,
-                              "split_seed": SPLIT_SEED, "default_threshold": default, "halves": {}}
+                              "split_seed": SPLIT_SEED, "default_threshold": default,
+                              "min_top_margin": margin, "halves": {}}
     for name, qs in (("dev", dev), ("held_out", held)):
         report["halves"][name] = {"queries": len(qs), "intents": len({intent_key(q) for q in qs}),
                                   "near_miss_intent_pairs": near_miss_pairs(qs)}
     dev_base = evaluate(dev, docs_by_id, live, embedder, 0.9, False, args.seeds)
-    sweep = [evaluate(dev, docs_by_id, live, embedder, t, True, args.seeds) for t in GRID]
+    sweep = [evaluate(dev, docs_by_id, live, embedder, t, True, args.seeds, scores) for t in GRID]
+    # diagnostics, not choices: the same rule without the ranking check (min_top_margin 0)
+    dev_off = {t: evaluate(dev, docs_by_id, live, embedder, t, True, args.seeds, scores, 0.0) for t in GRID}
     chosen = choose(sweep, dev_base)
-    report["dev"] = {"cosine_0.9": dev_base, "sweep": [{k: v for k, v in r.items() if k not in
-                                                        ("miss_reasons", "wrong_examples")} for r in sweep]}
+    def brief(r: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in r.items() if k not in ("miss_reasons", "wrong_examples")}
+
+    report["dev"] = {"cosine_0.9": dev_base, "sweep": [brief(r) for r in sweep],
+                     "sweep_without_ranking_check": [brief(r) for r in dev_off.values()]}
     report["chosen_threshold"] = chosen["threshold"] if chosen else None
     held_rules: dict[str, Any] = {"cosine_0.9": evaluate(held, docs_by_id, live, embedder, 0.9, False, args.seeds)}
     for t in sorted({default, *([chosen["threshold"]] if chosen else [])}):
-        held_rules[f"verified_{t}"] = evaluate(held, docs_by_id, live, embedder, t, True, args.seeds)
+        held_rules[f"verified_{t}"] = evaluate(held, docs_by_id, live, embedder, t, True, args.seeds, scores)
     report["held_out"] = held_rules
+    held_off = {t: evaluate(held, docs_by_id, live, embedder, t, True, args.seeds, scores, 0.0)
+                for t in sorted({default, *([chosen["threshold"]] if chosen else [])})}
+    report["held_out_without_ranking_check"] = {f"verified_{t}": r for t, r in held_off.items()}
     pathlib.Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
 
@@ -247,12 +274,15 @@ def main(argv: list[str] | None = None) -> int:
           f"{h['held_out']['queries']} ({h['held_out']['intents']}, {h['held_out']['near_miss_intent_pairs']}); "
           f"{args.seeds} stream orders per half (means)")
     head = f"{'rule':<26}{'served':>8}{'correct':>9}{'wrong(live)':>13}{'near-miss':>11}{'same-intent':>13}"
-    print("\ndev half: threshold sweep (verified rule)")
-    print(head + f"{'targets':>9}")
+    print(f"\ndev half: threshold sweep (verified rule, ranking check min_top_margin {margin}; "
+          "the last columns: the same rule without it)")
+    print(head + f"{'targets':>11}{'ranking':>9}   {'served':>7}{'correct':>9}{'wrong(live)':>13}")
     print(row("cosine 0.9", dev_base))
     for r in sweep:
         mark = "<- chosen" if chosen is r else ("ok" if meets(r, dev_base) else "")
-        print(row(f"verified {r['threshold']:.2f}", r) + f"{mark:>11}")
+        off = dev_off[r["threshold"]]
+        print(row(f"verified {r['threshold']:.2f}", r) + f"{mark:>11}{r['ranking_refusals']:>9.1f}   "
+              f"{off['served_share']:>7.1%}{off['correct_live']:>9.1f}{off['wrong_live_share']:>13.2%}")
     print(f"\nchosen on dev: {report['chosen_threshold']} (configured default {default})")
     print("\nheld-out half: the reported numbers")
     print(head + f"{'targets':>9}")
@@ -260,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, r in held_rules.items():
         verdict = "" if name == "cosine_0.9" else ("met" if meets(r, base) else "MISSED")
         print(row(name.replace("_", " "), r) + f"{verdict:>9}")
+    print("\nheld-out half, without the ranking check (diagnostic)")
+    for t, r in held_off.items():
+        print(row(f"verified {t} no ranking", r) + f"{'met' if meets(r, base) else 'MISSED':>9}")
     return 0
 
 

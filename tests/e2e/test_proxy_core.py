@@ -77,6 +77,8 @@ def test_headers_and_body_pass_through_byte_for_byte(proxy: ProxyFactory) -> Non
     assert doc["headers"]["host"] == r.url.host or doc["headers"]["host"].startswith("127.0.0.1")
     assert r.headers["x-upstream"] == "yes"
     assert r.headers["x-ragtoll-task-id"] == "t-1"
+    names = [k.lower() for k, _ in r.headers.raw]
+    assert len(names) == len(set(names)), names  # no header doubled by the proxy's own server
 
 
 def test_cookies_from_one_call_never_reach_another(proxy: ProxyFactory) -> None:

@@ -19,9 +19,13 @@ class ThreadServer(uvicorn.Server):
 
 @contextlib.contextmanager
 def serve_in_thread(app: Any, *, lifespan: str = "on", http: str = "httptools") -> Iterator[str]:
-    """Serve `app` on 127.0.0.1:<free port>; yields the base URL; stops the server on exit."""
+    """Serve `app` on 127.0.0.1:<free port>; yields the base URL; stops the server on exit.
+
+    No `server`/`date` headers of uvicorn's own, as `ragtoll serve` runs it: a proxied response
+    then carries exactly the upstream's headers plus ragtoll's."""
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan=lifespan,
-                            http=http, loop="asyncio", timeout_graceful_shutdown=2)
+                            http=http, loop="asyncio", timeout_graceful_shutdown=2,
+                            server_header=False, date_header=False)
     server = ThreadServer(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

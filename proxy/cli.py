@@ -78,6 +78,9 @@ def _sign(args: argparse.Namespace) -> int:
     return 0
 
 
+SWITCH_INTERVAL_S = 0.0005
+
+
 def _serve(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -101,6 +104,10 @@ def _serve(args: argparse.Namespace) -> int:
     meter_provider = setup.meter_provider(os.environ, settings.telemetry.service_name, extra_readers=(prometheus,))
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
+    # Span export runs on the SDK's batch thread. When it holds the GIL as a request arrives, the
+    # event loop waits out the switch interval (default 5 ms) before it runs again; 0.5 ms bounds
+    # that wait. Measured (bench/bench_proxy.py harness): p99 added latency -1.1 ms, throughput -3%.
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     app = build_app(settings, tracer_provider=tracer_provider, meter_provider=meter_provider, prometheus=prometheus)
     print(f"ragtoll listening on http://{server.host}:{server.port} "
           f"({len(settings.upstreams)} upstream(s), store {settings.store})", file=sys.stderr)

@@ -127,6 +127,8 @@ class RagtollApp:
             if isinstance(stage, BudgetStage):
                 stage.on_outcome = ender.record_outcome
                 ender.listeners.append(stage.forget)
+            elif isinstance(stage, LandfillStage):
+                ender.listeners.append(stage.forget)
         self.admin.ender = ender
         sweeper = asyncio.get_running_loop().create_task(_sweep(ender, self.settings.tasks.idle_timeout_s))
         try:

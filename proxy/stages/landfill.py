@@ -1,14 +1,16 @@
 """Context landfill: per LLM call, how many prompt tokens are evidence the task retrieved earlier,
 and how many of those were already sent in an earlier prompt of the task.
 
-Process-local (a bounded LRU of recent tasks), so behind several replicas a task's numbers cover
+Process-local (a bounded LRU of recent tasks, each dropped when its task ends), so behind several replicas a task's numbers cover
 the calls this replica saw. Pure bookkeeping in `on_end`; it never answers or fails a call.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from ragtoll.instrumentation import semconv as sc
 
@@ -56,6 +58,10 @@ class LandfillStage:
             if ex.span is not None:
                 ex.span.set_attributes({sc.EVIDENCE_PROMPT_TOKENS: m.evidence_tokens,
                                         sc.EVIDENCE_DUPLICATE_TOKENS: m.duplicate_tokens})
+
+    def forget(self, record: Mapping[str, Any]) -> None:
+        """A task ended (TaskEnder listener): its fingerprints are no longer needed."""
+        self._tasks.pop(str(record.get("task_id")), None)
 
     def _task(self, task_id: str) -> _Seen:
         seen = self._tasks.get(task_id)

@@ -632,3 +632,19 @@ def test_llm_spans_count_evidence_and_duplicate_evidence_tokens(proxy: Any, upst
     assert first.attributes["ragtoll.evidence.prompt_tokens"] > 0
     assert first.attributes["ragtoll.evidence.duplicate_tokens"] == 0
     assert second.attributes["ragtoll.evidence.duplicate_tokens"] == first.attributes["ragtoll.evidence.prompt_tokens"]
+
+
+def test_an_ended_task_leaves_no_landfill_behind(proxy: Any, upstream: Any, telemetry: Any) -> None:
+    """Evidence fingerprints are dropped when the task ends: the id's next task starts clean."""
+    with proxy(upstreams=[{"name": "docs", "kind": "retrieval", "api": "json", "url": upstream.url,
+                           "prefix": "/docs"},
+                          {"name": "openai", "kind": "llm", "api": "openai", "url": upstream.url,
+                           "prefix": "/openai"}]) as base, httpx.Client() as http:
+        h = {"x-ragtoll-task-id": "landfill-ended"}
+        chunks = http.post(f"{base}/docs/search", json={"query": "annual refunds", "top_k": 2}, headers=h).json()
+        history = [{"role": "tool", "content": "\n".join(c["text"] for c in chunks["results"]), "tool_call_id": "c1"}]
+        _admin_end(http, base, "landfill-ended")
+        http.post(f"{base}/openai/v1/chat/completions", headers=h, json={"model": "gpt-4o-mini", "messages": history})
+    (chat_span,) = telemetry.by_name("chat gpt-4o-mini")
+    assert chat_span.attributes["ragtoll.task.id"] == "landfill-ended"
+    assert "ragtoll.evidence.prompt_tokens" not in chat_span.attributes  # the ended task's evidence is gone

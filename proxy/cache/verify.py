@@ -57,7 +57,7 @@ def stem(word: str) -> str:
     return w
 
 
-@functools.lru_cache(maxsize=65_536)
+@functools.lru_cache(maxsize=16_384)
 def canon(word: str) -> str:
     w = word.casefold().strip("'’-")
     w = lx.SYNONYMS.get(w, w)
@@ -75,7 +75,7 @@ def features(text: str, vocab: Iterable[str] = ()) -> Features:
     return _features(text, _canon_set(frozenset(vocab)))
 
 
-@functools.lru_cache(maxsize=32_768)
+@functools.lru_cache(maxsize=8_192)  # ~1.5 KB each: at most ~12 MB
 def _features_of(text: str, vocab: frozenset[str]) -> Features:
     return _features(text, _canon_set(vocab))
 

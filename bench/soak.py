@@ -235,12 +235,14 @@ def proc_stats(pid: int) -> tuple[float, int]:
 
 
 def start_ragtoll(upstream: str, store: str, tmp: Path, name: str, idle_s: float = 5.0,
-                  export: bool = True, collector: str = "") -> tuple[subprocess.Popen[bytes], int]:
+                  export: bool = True, collector: str = "",
+                  cache_entries: int = 4000) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(json.dumps({
         "server": {"host": "127.0.0.1", "port": port}, "store": store,
         "tasks": {"idle_timeout_s": idle_s},
+        "cache": {"max_entries": cache_entries},
         "budgets": {"default_profile": "soak", "records_file": str(tmp / f"{name}-records.jsonl"),
                     "profiles": {"soak": {"max_steps": 1000, "max_retrieval_calls": 1000, "max_rerank_calls": 1000}}},
         "upstreams": [
@@ -367,6 +369,9 @@ def main() -> None:
                     help="soak at this share of the searched rate: short search steps under-sample the p99 tail")
     ap.add_argument("--skip-multi", action="store_true", help="only the single-process phase")
     ap.add_argument("--idle-timeout", type=float, default=5.0, help="tasks.idle_timeout_s of the ragtoll processes")
+    ap.add_argument("--cache-entries", type=int, default=4000,
+                    help="cache.max_entries: small enough that the evidence cache is full before warm-up ends, "
+                         "so RSS growth after it is growth that no bound stops")
     ap.add_argument("--no-export", action="store_true", help="OTEL_SDK_DISABLED=true (no span export): for diagnosis")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ragtoll-soak-"))
@@ -374,7 +379,7 @@ def main() -> None:
     results: dict[str, Any] = {"connections": CONNECTIONS, "mix": dict(zip(KINDS, WEIGHTS, strict=True)),
                                # the span batch settings ragtoll ran with (the SDK reads them from the environment)
                                "otel_bsp": {k: v for k, v in os.environ.items() if k.startswith("OTEL_BSP_")},
-                               "span_export": not args.no_export}
+                               "span_export": not args.no_export, "cache_max_entries": args.cache_entries}
     redis_nodes = []
     try:
         up_port = free_port()
@@ -388,7 +393,7 @@ def main() -> None:
         upstream = f"http://127.0.0.1:{up_port}"
         collector = f"http://127.0.0.1:{sink_port}"
         rt, rt_port = start_ragtoll(upstream, "memory", tmp, "single", args.idle_timeout, not args.no_export,
-                                    collector)
+                                    collector, args.cache_entries)
         procs.append(rt)
         if args.rate:
             rate, ladder = args.rate, []
@@ -408,7 +413,7 @@ def main() -> None:
             node = start_redis()
             redis_nodes.append(node)
             multi = [start_ragtoll(upstream, node.url, tmp, f"multi{i}", args.idle_timeout, not args.no_export,
-                                   collector)
+                                   collector, args.cache_entries)
                      for i in range(3)]
             procs.extend(p for p, _ in multi)
             print(f"soak: three processes sharing Redis, {rate:.0f} req/s in all for {args.seconds:.0f} s", flush=True)
@@ -426,7 +431,7 @@ def main() -> None:
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     name = "soak.json" if args.seconds >= 600 else "soak-short.json"
-    if args.no_export or args.idle_timeout != 5.0:
+    if args.no_export or args.idle_timeout != 5.0 or args.cache_entries != 4000:
         name = name.replace(".json", "-variant.json")  # diagnosis runs never overwrite the reference numbers
     (out / name).write_text(json.dumps(results, indent=2))
     print(f"written: bench/results/{name}")

@@ -41,7 +41,7 @@ from typing import Any
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
-from bench_proxy import free_port, wait_port
+from bench_proxy import free_port, stop, wait_port
 from support.redis_server import start_redis, stop_all
 
 KINDS = ("chat", "stream", "search_hit", "search_miss", "rerank", "reject")
@@ -420,13 +420,7 @@ def main() -> None:
             results["multi"] = soak([p for p, _ in multi], [port for _, port in multi], up_port, rate, args.seconds)
             print(json.dumps(results["multi"], indent=1), flush=True)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop(procs)
         stop_all(redis_nodes)
     out = HERE / "results"
     out.mkdir(exist_ok=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from .entry import Entry
 
@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 VERSION_TTL_S = 30 * 24 * 3600
 # A threshold the self-audit raised: kept as long, renewed by every further raise.
 THRESHOLD_TTL_S = VERSION_TTL_S
+
+_V = TypeVar("_V")
 
 
 class _Partition:
@@ -133,25 +135,24 @@ class MemoryEvidenceStore:
         return []
 
     async def get_version(self, source: str) -> str | None:
-        found = self._versions.get(source)
-        if found is None or found[1] <= self._clock():
-            return None
-        return found[0]
+        return self._unexpired(self._versions, source)
 
     async def set_version(self, source: str, version: str) -> None:
         self._versions[source] = (version, self._clock() + VERSION_TTL_S)
 
     async def get_threshold(self, scope: str) -> float | None:
-        found = self._thresholds.get(scope)
-        if found is None or found[1] <= self._clock():
-            return None
-        return found[0]
+        return self._unexpired(self._thresholds, scope)
 
     async def raise_threshold(self, scope: str, threshold: float) -> float:
         current = await self.get_threshold(scope)
         value = threshold if current is None else max(current, threshold)
         self._thresholds[scope] = (value, self._clock() + THRESHOLD_TTL_S)
         return value
+
+    def _unexpired(self, table: dict[str, tuple[_V, float]], key: str) -> _V | None:
+        """The value stored under `key` with its expiry time, unless it has expired."""
+        found = table.get(key)
+        return None if found is None or found[1] <= self._clock() else found[0]
 
     async def aclose(self) -> None:
         return None

@@ -126,8 +126,7 @@ class RagtollApp:
         for stage in self.pipeline.stages:
             if isinstance(stage, BudgetStage):
                 stage.on_outcome = ender.record_outcome
-                ender.listeners.append(stage.forget)
-            elif isinstance(stage, LandfillStage):
+            if isinstance(stage, BudgetStage | LandfillStage):  # per-task state, dropped when the task ends
                 ender.listeners.append(stage.forget)
         self.admin.ender = ender
         sweeper = asyncio.get_running_loop().create_task(_sweep(ender, self.settings.tasks.idle_timeout_s))

@@ -1,8 +1,9 @@
 """Context landfill: per LLM call, how many prompt tokens are evidence the task retrieved earlier,
 and how many of those were already sent in an earlier prompt of the task.
 
-Process-local (a bounded LRU of recent tasks, each dropped when its task ends), so behind several replicas a task's numbers cover
-the calls this replica saw. Pure bookkeeping in `on_end`; it never answers or fails a call.
+Process-local (a bounded LRU of recent tasks, each dropped when its task ends), so behind several
+replicas a task's numbers cover the calls this replica saw. Pure bookkeeping in `on_end`; it never
+answers or fails a call.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import os
 import re
 import time
@@ -68,7 +69,7 @@ class Ticket:
     cost_usd: float | None = None  # settled cost, set in on_end (for metrics)
     cut: str | None = None
     settled: bool = False  # settle ran (early, in on_response, or in on_end)
-    annotation: tuple[Any, ...] | None = None  # _annotate's arguments, applied before settle or at on_end
+    annotate: Callable[[], None] | None = None  # the reservation's span record, run before settle or at on_end
 
 
 class BudgetStage:
@@ -131,7 +132,8 @@ class BudgetStage:
             raise self._exceeded(ex, decision, charge, now)
         # The span attributes wait for on_end (spans are exported only when they end): the
         # ~40 attributes and events then cost nothing before the first byte reaches the client.
-        ticket.annotation = (sel, notes, decision, charge, now, left, warn, time.time_ns())
+        ticket.annotate = functools.partial(self._annotate, ex, sel, notes, decision, charge, now, left, warn,
+                                            time.time_ns())
         self._prepare_stream(ex, ticket, decision.ledger, now)
         return hit.reply if hit is not None else None
 
@@ -237,10 +239,11 @@ class BudgetStage:
             ex.response_headers.append((WOULD_REJECT_HEADER, d.dimension.encode()))
         return left, warn
 
-    def _flush_annotation(self, ex: Exchange, ticket: Ticket) -> None:
-        if ticket.annotation is not None:
-            args, ticket.annotation = ticket.annotation, None
-            self._annotate(ex, *args)
+    @staticmethod
+    def _flush_annotation(ticket: Ticket) -> None:
+        if ticket.annotate is not None:
+            annotate, ticket.annotate = ticket.annotate, None
+            annotate()
 
     def _annotate(self, ex: Exchange, sel: Selection, notes: list[str], d: Decision, charge: Charge, now: int,
                   left: dict[str, Any], warn: dict[str, float], at_ns: int) -> None:
@@ -345,7 +348,7 @@ class BudgetStage:
         if dim is None:
             ticket.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and ticket.tail_clean)
             return None
-        self._flush_annotation(ex, ticket)  # the reservation's events come before the cut's
+        self._flush_annotation(ticket)  # the reservation's events come before the cut's
         if ticket.shadow:  # record once what enforcement would have done; never cut
             ticket.cut = dim
             if ex.span is not None:
@@ -387,7 +390,7 @@ class BudgetStage:
         await self._baggage_outcome(ex)
         ticket: Ticket | None = ex.state.get("budget")
         if ticket is not None:
-            self._flush_annotation(ex, ticket)
+            self._flush_annotation(ticket)
         if ticket is None or not ticket.admitted or ex.task is None or ticket.settled:
             return
         await self._settle(ex, ticket)
@@ -414,7 +417,7 @@ class BudgetStage:
     async def _settle(self, ex: Exchange, ticket: Ticket) -> Ledger | None:
         """Replace the reservation with the call's actual use, once; record it on the span."""
         assert ex.task is not None
-        self._flush_annotation(ex, ticket)  # the reserve-time totals first; settle's replace some
+        self._flush_annotation(ticket)  # the reserve-time totals first; settle's replace some
         ticket.settled = True
         actual = self._actual(ex, ticket)
         try:

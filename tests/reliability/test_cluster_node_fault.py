@@ -10,6 +10,7 @@ dead-master failure would have gone out unbudgeted (open) or been refused (close
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -46,6 +47,9 @@ def cluster() -> Iterator[list[RedisProcess]]:
         yield nodes
     finally:
         stop_all(nodes)
+        # Finalise this test's cluster clients now: left to a later collection, their finalizers ran
+        # inside another test (a Hypothesis draw, which then saw the global random state change).
+        gc.collect()
 
 
 def chat(http: httpx.Client, base: str, task: str) -> httpx.Response:

@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import orjson
@@ -65,7 +65,9 @@ def task_record(ledger: Ledger, *, ended_ms: int, end_reason: str, outcome: Mapp
 
 
 class RecordSink(Protocol):
-    async def append(self, record: Mapping[str, Any]) -> None: ...
+    async def append(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Append `records` in order: a sweep's batch in one write, not one write each."""
+        ...
 
 
 class JsonlSink:
@@ -75,30 +77,34 @@ class JsonlSink:
         self.path = path
         self._lock = threading.Lock()
 
-    def _write(self, line: bytes) -> None:
+    def _write(self, data: bytes) -> None:
         with self._lock:
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
             try:
-                os.write(fd, line)
+                view = memoryview(data)
+                while view:  # a regular file takes it all at once; a full disk may take part
+                    view = view[os.write(fd, view):]
             finally:
                 os.close(fd)
 
-    async def append(self, record: Mapping[str, Any]) -> None:
-        await asyncio.to_thread(self._write, orjson.dumps(record) + b"\n")
+    async def append(self, records: Sequence[Mapping[str, Any]]) -> None:
+        if records:
+            await asyncio.to_thread(self._write, b"".join(orjson.dumps(r) + b"\n" for r in records))
 
 
 class StreamSink:
-    """Appends to the Redis Stream of a store that offers `append_record` (stores/redis.py)."""
+    """Appends to the Redis Stream of a store that offers `append_records` (stores/redis.py)."""
 
     def __init__(self, store: Any) -> None:
         self._store = store
 
-    async def append(self, record: Mapping[str, Any]) -> None:
-        await self._store.append_record(record)
+    async def append(self, records: Sequence[Mapping[str, Any]]) -> None:
+        if records:
+            await self._store.append_records(records)
 
 
 def open_sink(store: Any, records_file: str) -> RecordSink:
-    if hasattr(store, "append_record"):
+    if hasattr(store, "append_records"):
         return StreamSink(store)
     return JsonlSink(records_file)
 
@@ -107,7 +113,9 @@ class TaskEnder:
     """Ends tasks (admin call or idle sweep) and appends each record exactly once.
 
     The store decides who ends a task (its end step is atomic), so replicas sweeping the same
-    task never write two records.
+    task never write two records. A sweep writes its records in one sink call: one write per
+    task (a thread hop each) could not keep up with a busy proxy, and ledgers of tasks that
+    should have ended piled up in memory.
     """
 
     def __init__(self, store: Any, sink: RecordSink, idle_timeout_s: float,
@@ -120,8 +128,35 @@ class TaskEnder:
         # called with each ended task's record (task summary span, task metrics); failsafe
         self.listeners: list[Callable[[dict[str, Any]], object]] = []
 
-    async def end(self, task_id: str, outcome: Mapping[str, Any] | None, reason: str = END_EXPLICIT,
-                  idle_before_ms: int | None = None) -> dict[str, Any] | None:
+    async def end(self, task_id: str, outcome: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """End `task_id` now (admin call); its record, or None if it had already ended."""
+        record = await self._end(task_id, outcome, END_EXPLICIT, None)
+        if record is None:
+            return None
+        return record if await self._write([record]) else {**record, "record_written": False}
+
+    async def sweep(self) -> int:
+        """End every task idle for longer than the idle timeout; returns how many ended."""
+        cutoff = self._wall_ms() - self.idle_ms
+        records: list[dict[str, Any]] = []
+        failed = 0
+        error = ""
+        for task_id in await self.store.idle_tasks(cutoff):
+            try:
+                record = await self._end(task_id, None, END_IDLE, cutoff)
+            except Exception as exc:  # noqa: BLE001 - a task on a failed Cluster node must not keep the
+                failed += 1           # others from ending; it is ended on a later sweep
+                error = type(exc).__name__
+                continue
+            if record is not None:
+                records.append(record)
+        if failed:
+            log.warning("%d idle task(s) not ended (%s); retried on the next sweep", failed, error)
+        await self._write(records)
+        return len(records)
+
+    async def _end(self, task_id: str, outcome: Mapping[str, Any] | None, reason: str,
+                   idle_before_ms: int | None) -> dict[str, Any] | None:
         ledger = await self.store.end_task(task_id, idle_before_ms)
         if ledger is None:
             return None
@@ -132,34 +167,22 @@ class TaskEnder:
                 listener(record)
             except Exception:
                 log.exception("task end listener failed for %r", task_id)
-        try:
-            await self.sink.append(record)
-        except Exception as exc:  # noqa: BLE001 - the task has ended either way; say the record was lost
-            self.sink_failures += 1
-            log.warning("task record for %r not written (%s: %s)", task_id, type(exc).__name__, exc)
-            return {**record, "record_written": False}
         return record
+
+    async def _write(self, records: list[dict[str, Any]]) -> bool:
+        """Append `records`; False (logged, counted) when the sink failed: the tasks ended either way."""
+        try:
+            await self.sink.append(records)
+        except Exception as exc:  # noqa: BLE001 - say the records were lost, never raise into a sweep
+            self.sink_failures += len(records)
+            log.warning("%d task record(s) not written (%s: %s)", len(records), type(exc).__name__, exc)
+            return False
+        return True
 
     async def record_outcome(self, task_id: str, correct: bool) -> dict[str, Any]:
         """Append a verdict on a task (`{"kind": "outcome", ...}`); `ragtoll report` applies a task's
         last verdict to its record, whether it came before or after the task ended."""
         entry = {"kind": "outcome", "task_id": task_id, "outcome": {"correct": correct},
                  "at": _iso(self._wall_ms())}
-        await self.sink.append(entry)
+        await self.sink.append([entry])
         return entry
-
-    async def sweep(self) -> int:
-        """End every task idle for longer than the idle timeout; returns how many ended."""
-        cutoff = self._wall_ms() - self.idle_ms
-        ended = failed = 0
-        error = ""
-        for task_id in await self.store.idle_tasks(cutoff):
-            try:
-                if await self.end(task_id, None, END_IDLE, cutoff) is not None:
-                    ended += 1
-            except Exception as exc:  # noqa: BLE001 - a task on a failed Cluster node must not keep the
-                failed += 1           # others from ending; it is ended on a later sweep
-                error = type(exc).__name__
-        if failed:
-            log.warning("%d idle task(s) not ended (%s); retried on the next sweep", failed, error)
-        return ended

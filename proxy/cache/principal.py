@@ -57,7 +57,7 @@ class PrincipalResolver:
         self._jwt: Any = None
         if config.mode != "jwt":
             return
-        import jwt  # noqa: PLC0415 - PyJWT and cryptography (~10 MB) only when identity is jwt
+        import jwt  # PyJWT and cryptography (~10 MB) only when identity is jwt
 
         self._jwt = jwt
         algs = set(config.jwt.algorithms)

@@ -12,7 +12,7 @@ import hashlib
 import importlib.resources
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -178,10 +178,14 @@ class RedisStore:
             await self._initialize()
         await self.client.ping()
 
-    async def append_record(self, record: Mapping[str, Any]) -> None:
-        """Append a task record to the records stream (trimmed to about `records_maxlen`)."""
-        await self.client.xadd(self.records_stream, {"record": orjson.dumps(record)},
-                               maxlen=self.records_maxlen, approximate=True)
+    async def append_records(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """Append task records to the records stream (trimmed to about `records_maxlen`), in one
+        round trip: the stream is one key, so even on Cluster the batch goes to one node."""
+        pipe = self.client.pipeline(transaction=False)
+        for record in records:
+            pipe.xadd(self.records_stream, {"record": orjson.dumps(record)},
+                      maxlen=self.records_maxlen, approximate=True)
+        await pipe.execute()
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -65,9 +65,10 @@ async def test_records_go_to_a_stream(redis_url: str) -> None:
     store = RedisStore(redis_url, timeout_s=2.0, records_stream=stream)
     sync = redis.Redis.from_url(redis_url)
     try:
-        await store.append_record({"task_id": "x", "steps": 2})
+        await store.append_records([{"task_id": "x", "steps": 2}, {"task_id": "y", "steps": 1}])
         entries = sync.xrange(stream)
-        assert len(entries) == 1 and entries[0][1] == {b"record": b'{"task_id":"x","steps":2}'}
+        assert [e[1] for e in entries] == [{b"record": b'{"task_id":"x","steps":2}'},
+                                           {b"record": b'{"task_id":"y","steps":1}'}]
     finally:
         sync.delete(stream)
         sync.close()

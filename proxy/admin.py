@@ -10,11 +10,11 @@ from __future__ import annotations
 import hmac
 import os
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
+import xxhash
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -36,6 +36,10 @@ def read_secret(env: Mapping[str, str], env_name: str | None, file: str | None) 
         return value or None
     raw = env.get(env_name or "")
     return raw.encode() if raw else None
+
+
+def _id_hash(task_id: str) -> int:
+    return xxhash.xxh3_64_intdigest(task_id.encode("utf-8", "surrogatepass"))
 
 
 def _json(doc: Any, status: int = 200) -> Response:
@@ -77,7 +81,9 @@ class AdminApi:
         env = os.environ if env is None else env
         self._token = read_secret(env, settings.admin.token_env, settings.admin.token_file)
         self._ender: TaskEnder | None = None
-        self._ended: OrderedDict[str, None] = OrderedDict()  # recently ended here, for late outcomes
+        # 64-bit hashes of the task ids recently ended here, for late outcomes: ~70 bytes each at
+        # the bound instead of ~190 for the id strings (ids are caller-chosen and can be long)
+        self._ended: dict[int, None] = {}
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
 
     @property
@@ -91,9 +97,9 @@ class AdminApi:
             ender.listeners.append(self._remember_ended)
 
     def _remember_ended(self, record: dict[str, Any]) -> None:
-        self._ended[str(record["task_id"])] = None
-        while len(self._ended) > MAX_REMEMBERED_ENDED:
-            self._ended.popitem(last=False)
+        self._ended[_id_hash(str(record["task_id"]))] = None
+        if len(self._ended) > MAX_REMEMBERED_ENDED:
+            del self._ended[next(iter(self._ended))]  # dicts keep insertion order: the oldest
 
     def routes(self) -> list[Route]:
         return [
@@ -180,7 +186,7 @@ class AdminApi:
         if not isinstance(doc, dict) or set(doc) != {"correct"} or not isinstance(doc["correct"], bool):
             return admin_error(400, "invalid_body", 'body must be {"correct": true|false}')
         try:
-            known = task_id in self._ended or await self.ender.store.get_task(task_id) is not None  # type: ignore[union-attr]
+            known = _id_hash(task_id) in self._ended or await self.ender.store.get_task(task_id) is not None  # type: ignore[union-attr]
         except Exception as exc:  # noqa: BLE001 - any store failure is a 503 here
             return admin_error(503, "store_unavailable", f"the budget store failed: {type(exc).__name__}")
         if not known:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..budget import Actual, Charge, Ledger, Reservation, apply_charge, first_exceeded
 from .base import Decision, TaskMeta
@@ -21,8 +21,9 @@ STALE_INFLIGHT_MS = 15 * 60 * 1000
 @dataclass(slots=True)
 class _Task:
     ledger: Ledger
-    queries: set[str] = field(default_factory=set)
-    chunks: set[str] = field(default_factory=set)
+    # made on first use: most tasks are LLM-only, and an empty set is ~200 bytes per live task
+    queries: set[str] | None = None
+    chunks: set[str] | None = None
 
 
 class MemoryStore:
@@ -47,7 +48,7 @@ class MemoryStore:
         if ledger.profile != meta.profile:
             return Decision(False, None, _copy(ledger), Reservation(), profile_conflict=ledger.profile)
         ledger.last_ms = now_ms
-        new_query = charge.query_key is not None and charge.query_key not in task.queries
+        new_query = charge.query_key is not None and (task.queries is None or charge.query_key not in task.queries)
         dim = first_exceeded(limits, ledger, charge, new_query, now_ms)
         if dim is not None:
             book = ledger.shadow_rejections if shadow else ledger.rejections
@@ -57,6 +58,8 @@ class MemoryStore:
                     ledger.exhausted = dim
                 return Decision(False, dim, _copy(ledger), Reservation())
         if new_query:
+            if task.queries is None:
+                task.queries = set()
             task.queries.add(charge.query_key)  # type: ignore[arg-type]
         reservation = apply_charge(ledger, charge, new_query, now_ms)
         ledger.counters["inflight"] = ledger.counters.get("inflight", 0) + 1
@@ -75,6 +78,8 @@ class MemoryStore:
             if delta:
                 c[name] = c.get(name, 0) + delta
         if actual.chunk_ids is not None:
+            if task.chunks is None:
+                task.chunks = set()
             before = len(task.chunks)
             task.chunks.update(actual.chunk_ids)
             c["last_new"] = len(task.chunks) - before  # this call's novelty, for x-ragtoll-evidence

@@ -10,6 +10,7 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
+import orjson
 import pytest
 from ragtoll.proxy import budget as bm
 from ragtoll.proxy.budget import Actual, Charge
@@ -237,3 +238,26 @@ async def test_odd_task_ids_stay_apart(store: Store) -> None:
 
 async def test_ping(store: Store) -> None:
     await store.ping()
+
+
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+async def test_a_sweep_appends_its_records_to_the_stream_in_order(kind: str, request: pytest.FixtureRequest) -> None:
+    """The Redis sink writes a sweep's records in one pipelined batch, on one server or a Cluster."""
+    from ragtoll.proxy.records import TaskEnder, open_sink
+
+    url = request.getfixturevalue("redis_url" if kind == "redis" else "redis_cluster_url")
+    stream = f"ragtoll:test-records:{uuid.uuid4().hex}"
+    s = RedisStore(url, timeout_s=2.0, ttl_s=3600, records_stream=stream)
+    try:
+        ender = TaskEnder(s, open_sink(s, "unused.jsonl"), idle_timeout_s=1.0, wall_ms=lambda: T0 + 60_000)
+        ids = [tid() for _ in range(40)]
+        for i, t in enumerate(ids):
+            d = await s.reserve(t, META, {}, LLM, T0 + i)
+            await s.settle(t, d.reservation, Actual(), T0 + i)
+        assert await ender.sweep() == 40
+        entries = await s.client.xrange(stream)
+        assert sorted(orjson.loads(e[1][b"record"])["task_id"] for e in entries) == sorted(ids)
+        assert await ender.sweep() == 0 and len(await s.client.xrange(stream)) == 40
+    finally:
+        await s.client.delete(stream)
+        await s.aclose()

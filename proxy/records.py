@@ -88,8 +88,7 @@ class JsonlSink:
                 os.close(fd)
 
     async def append(self, records: Sequence[Mapping[str, Any]]) -> None:
-        if records:
-            await asyncio.to_thread(self._write, b"".join(orjson.dumps(r) + b"\n" for r in records))
+        await asyncio.to_thread(self._write, b"".join(orjson.dumps(r) + b"\n" for r in records))
 
 
 class StreamSink:
@@ -99,8 +98,7 @@ class StreamSink:
         self._store = store
 
     async def append(self, records: Sequence[Mapping[str, Any]]) -> None:
-        if records:
-            await self._store.append_records(records)
+        await self._store.append_records(records)
 
 
 def open_sink(store: Any, records_file: str) -> RecordSink:
@@ -171,6 +169,8 @@ class TaskEnder:
 
     async def _write(self, records: list[dict[str, Any]]) -> bool:
         """Append `records`; False (logged, counted) when the sink failed: the tasks ended either way."""
+        if not records:  # a sweep that ended nothing writes nothing
+            return True
         try:
             await self.sink.append(records)
         except Exception as exc:  # noqa: BLE001 - say the records were lost, never raise into a sweep

@@ -320,7 +320,7 @@ async def test_task_ender_writes_once_and_tells_listeners() -> None:
     d = await store.reserve("c", meta, {}, Charge(steps=1), 10_000)  # still in flight: not idle
     assert d.admitted
     assert await ender.sweep() == 1
-    assert [r["task_id"] for r in sink.records] == ["a"] and seen == sink.records
+    assert [r["task_id"] for r in sink.records] == ["a"] and seen == sink.records and sink.writes == 1
     record = sink.records[0]
     assert (record["end_reason"], record["task_source"], record["trace_id"]) == ("idle", "header", "ab" * 16)
     assert record["ended_at"] == record["started_at"] and record["duration_ms"] == 0

@@ -241,8 +241,9 @@ async def test_ping(store: Store) -> None:
 
 
 @pytest.mark.parametrize("kind", ["redis", "cluster"])
-async def test_a_sweep_appends_its_records_to_the_stream_in_order(kind: str, request: pytest.FixtureRequest) -> None:
-    """The Redis sink writes a sweep's records in one pipelined batch, on one server or a Cluster."""
+async def test_a_sweep_appends_each_record_to_the_stream_once(kind: str, request: pytest.FixtureRequest) -> None:
+    """A sweep's records reach the stream, each once, on one server and on a Cluster (the sink
+    pipelines the batch; a Cluster pipeline must route it to the stream's node)."""
     from ragtoll.proxy.records import TaskEnder, open_sink
 
     url = request.getfixturevalue("redis_url" if kind == "redis" else "redis_cluster_url")

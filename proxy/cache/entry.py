@@ -7,6 +7,7 @@ query, the filter-like words seen in the response's metadata and how clearly its
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -60,6 +61,10 @@ class EvidenceStore(Protocol):
     """
 
     async def get(self, pkey: str, qkey: str) -> Entry | None: ...
+
+    async def get_many(self, pkey: str, qkeys: Sequence[str]) -> list[Entry | None]:
+        """`get` of several keys of one partition, in order, in one store round trip."""
+        ...
 
     async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float, limit: int,
                       keys: list[str] | None = None) -> list[tuple[float, Entry]]:

@@ -118,8 +118,7 @@ class EvidenceCache:
         q, pkey = lk.query, lk.partition.key
         # shared entries under the query key; entries with an unknown ACL under the owner's own key,
         # so two principals asking the same thing never evict each other's private evidence
-        for key in (lk.qkey, private_key(lk.qkey, q.principal.key)):
-            entry = await self.store.get(pkey, key)
+        for entry in await self.store.get_many(pkey, (lk.qkey, private_key(lk.qkey, q.principal.key))):
             if entry is None:
                 continue
             if not serves_top_k(entry.top_k, q.top_k):

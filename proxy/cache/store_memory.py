@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
 from .entry import Entry
@@ -64,6 +64,9 @@ class MemoryEvidenceStore:
             return None
         self._lru.move_to_end((pkey, qkey))
         return found[0]
+
+    async def get_many(self, pkey: str, qkeys: Sequence[str]) -> list[Entry | None]:
+        return [await self.get(pkey, q) for q in qkeys]
 
     async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float, limit: int,
                       keys: list[str] | None = None) -> list[tuple[float, Entry]]:

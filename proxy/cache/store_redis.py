@@ -9,6 +9,7 @@ most `max_partition_entries` vectors; the oldest are trimmed.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,11 @@ class RedisEvidenceStore:
         e, _, _ = _keys(pkey)
         raw = await self.client.get(e + qkey)
         return Entry.loads(raw) if raw else None
+
+    async def get_many(self, pkey: str, qkeys: Sequence[str]) -> list[Entry | None]:
+        e, _, _ = _keys(pkey)  # one hash tag per partition: one MGET, also on a Cluster
+        raws = await self.client.mget([e + q for q in qkeys])
+        return [Entry.loads(raw) if raw else None for raw in raws]
 
     async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float, limit: int,
                       keys: list[str] | None = None) -> list[tuple[float, Entry]]:

@@ -45,6 +45,15 @@ async def test_put_get_roundtrip(store: MemoryEvidenceStore) -> None:
     assert await store.get(p, "q1") == e
 
 
+async def test_get_many_answers_each_key_in_order(store: MemoryEvidenceStore) -> None:
+    p = pk()
+    a, b = entry("a"), entry("b")
+    await store.put(p, "a", a, None, 60)
+    await store.put(p, "b", b, None, 60)
+    await store.put(pk(), "c", entry("c"), None, 60)  # another partition's key is never seen
+    assert await store.get_many(p, ["b", "missing", "a", "c"]) == [b, None, a, None]
+
+
 def test_entries_filed_before_margins_were_kept_still_load() -> None:
     old = Entry.loads(b'{"q": "q", "k": 5, "ids": ["c1"], "acl": [null], "b": "{}", "ct": "application/json",'
                       b' "o": "o1", "v": [], "t": 1.0}')
@@ -152,6 +161,7 @@ async def test_redis_cluster_partition_steps_are_single_slot() -> None:
             found = await store.nearest(p, unit(1, 2, 0), 0.0, 5)
             assert [e.query for _, e in found] == [f"{p}-2", f"{p}-1"]  # bounded to 2, oldest trimmed
             assert await store.get(p, "q0") is None
+            assert [e and e.query for e in await store.get_many(p, ["q2", "q0", "q1"])] == [f"{p}-2", None, f"{p}-1"]
         await store.set_version("docs", "v3")
         assert await store.get_version("docs") == "v3"
         for p in parts:

@@ -29,6 +29,20 @@ class Cost:
     known: bool  # False: no price for this model / route, the fallback price was used
 
 
+@dataclass(frozen=True, slots=True)
+class Quote:
+    """A call's prices before it is sent: what it costs with no output, and each output token.
+
+    A call's cost is linear in its output, so one quote prices every output allowance."""
+
+    base_usd: float  # prompt tokens at the input price, plus any per-call price
+    per_output_usd: float
+    known: bool
+
+    def usd(self, output_tokens: int) -> float:
+        return self.base_usd + output_tokens * self.per_output_usd
+
+
 def _merge(base: PriceEntry | None, over: PriceEntry) -> PriceEntry:
     if base is None:
         return over
@@ -91,10 +105,16 @@ class Prices:
 
     def estimate(self, upstream: UpstreamConfig, call: Call, default_max_output_tokens: int) -> Cost:
         """Before forwarding: prompt tokens x input price + allowed output x output price + per call."""
-        out = call.max_output_tokens
-        if out is None:
-            out = default_max_output_tokens * max(1, call.choices) if call.operation in ("chat", "text_completion") else 0
-        return self._cost(upstream, call, call.prompt_tokens, 0, out)
+        quote = self.quote(upstream, call)
+        return Cost(quote.usd(allowed_output(call, default_max_output_tokens)), quote.known)
+
+    def quote(self, upstream: UpstreamConfig, call: Call) -> Quote:
+        """The call's prices before forwarding (prompt tokens as counted; no cached-input discount)."""
+        per_call, tok, known = self._rates(upstream, call)
+        if tok is None:
+            return Quote(per_call, 0.0, known)
+        base = (call.prompt_tokens or 0) * (tok.input_per_mtok or 0.0) / 1e6
+        return Quote(base + per_call, (tok.output_per_mtok or 0.0) / 1e6, known and call.prompt_tokens is not None)
 
     def actual(self, upstream: UpstreamConfig, call: Call, obs: Observation) -> Cost:
         """After the response: the upstream's usage; missing pieces from what was counted or reserved."""
@@ -112,25 +132,37 @@ class Prices:
         return self._cost(upstream, call, inp, cached, out)
 
     def _cost(self, upstream: UpstreamConfig, call: Call, inp: int | None, cached: int, out: int | None) -> Cost:
+        per_call, tok, known = self._rates(upstream, call)
+        usd = per_call
+        if tok is not None:
+            if inp is None or out is None:
+                known = False  # tokens could not be read: priced with what we have
+            inp, out = inp or 0, out or 0
+            cached = min(cached, inp)
+            in_price = tok.input_per_mtok or 0.0
+            cached_price = tok.cached_input_per_mtok if tok.cached_input_per_mtok is not None else in_price
+            usd += ((inp - cached) * in_price + cached * cached_price + out * (tok.output_per_mtok or 0.0)) / 1e6
+        return Cost(usd=usd, known=known)
+
+    def _rates(self, upstream: UpstreamConfig, call: Call) -> tuple[float, PriceEntry | None, bool]:
+        """(per-call price, the entry pricing tokens or None, known) for this call."""
         model, route = self._price(upstream, call)
         per_call = next((e.per_call for e in (route, model) if e is not None and e.per_call is not None), None)
-        usd, known = 0.0, True
+        tok, known = None, True
         if call.operation in _TOKEN_OPS:
             tok = next((e for e in (model, route) if e is not None and _prices_tokens(e)), None)
             if tok is None and per_call is None:
                 tok, known = self.fallback, False
-            if tok is not None:
-                if inp is None or out is None:
-                    known = False  # tokens could not be read: priced with what we have
-                inp, out = inp or 0, out or 0
-                cached = min(cached, inp)
-                in_price = tok.input_per_mtok or 0.0
-                cached_price = tok.cached_input_per_mtok if tok.cached_input_per_mtok is not None else in_price
-                usd += ((inp - cached) * in_price + cached * cached_price + out * (tok.output_per_mtok or 0.0)) / 1e6
         elif per_call is None:
             per_call, known = self.fallback.per_call, False
-        usd += per_call or 0.0
-        return Cost(usd=usd, known=known)
+        return per_call or 0.0, tok, known
+
+
+def allowed_output(call: Call, default_max_output_tokens: int) -> int:
+    """The output a call may produce: its max_tokens, else the default per choice for completions."""
+    if call.max_output_tokens is not None:
+        return call.max_output_tokens
+    return default_max_output_tokens * max(1, call.choices) if call.operation in ("chat", "text_completion") else 0
 
 
 def _prices_tokens(e: PriceEntry) -> bool:

@@ -30,7 +30,7 @@ from ..config import Profile, Settings
 from ..errors import BudgetExceeded, StoreUnavailable
 from ..evidence_track import evidence_header
 from ..pipeline import Exchange, Reply
-from ..pricing import Prices
+from ..pricing import Prices, Quote, allowed_output
 from ..signing import load_key, verify_budget_baggage
 from ..stores.base import Decision, Store, TaskMeta
 
@@ -102,7 +102,9 @@ class BudgetStage:
         baggage = dict(ex.task.baggage)
         task_id = ex.task.id
         sel = self._selection(ex, baggage)
-        charge = self._charge(ex, hit is not None)
+        # one price quote per call (cost is linear in output): the charge and the stream allowance
+        quote = self.prices.quote(ex.route.upstream, ex.call) if self.prices is not None and hit is None else None
+        charge = self._charge(ex, hit is not None, quote)
         now = self._wall_ms()
         domain = self.store.failure_domain(task_id)
         if now < self._down_until.get(domain, 0):
@@ -134,7 +136,7 @@ class BudgetStage:
         # ~40 attributes and events then cost nothing before the first byte reaches the client.
         ticket.annotate = functools.partial(self._annotate, ex, sel, notes, decision, charge, now, left, warn,
                                             time.time_ns())
-        self._prepare_stream(ex, ticket, decision.ledger, now)
+        self._prepare_stream(ex, ticket, decision.ledger, now, quote)
         return hit.reply if hit is not None else None
 
     def _mark_down(self, domain: str) -> None:
@@ -195,14 +197,13 @@ class BudgetStage:
         meta = TaskMeta(sel.profile, sel.cls, ex.route.upstream.name, task.source, f"{task.trace_id:032x}")
         return await self.store.reserve(task.id, meta, limits, charge, now, self._shadow(sel.profile))
 
-    def _charge(self, ex: Exchange, cache_hit: bool) -> Charge:
+    def _charge(self, ex: Exchange, cache_hit: bool, quote: Quote | None) -> Charge:
         call, up = ex.call, ex.route.upstream
         certain = reserve = 0.0
-        if self.prices is not None and not cache_hit:
-            default = self.cfg.default_max_output_tokens
-            total = self.prices.estimate(up, call, default).usd
+        if quote is not None:
+            total = quote.usd(allowed_output(call, self.cfg.default_max_output_tokens))
             if call.operation in bm.LLM_OPERATIONS:
-                certain = self.prices.estimate(up, dataclasses.replace(call, max_output_tokens=0), 0).usd
+                certain = quote.base_usd
                 reserve = max(0.0, total - certain)
             else:
                 certain = total
@@ -304,7 +305,7 @@ class BudgetStage:
             task_id=task_id,
         )
 
-    def _prepare_stream(self, ex: Exchange, ticket: Ticket, ledger: Ledger, now: int) -> None:
+    def _prepare_stream(self, ex: Exchange, ticket: Ticket, ledger: Ledger, now: int, quote: Quote | None) -> None:
         """Allowances for mid-stream enforcement, and the upstream timeout clamped to the deadline."""
         limits, charge = ticket.limits, ticket.charge
         deadline = limits.get("max_latency_ms")
@@ -320,11 +321,8 @@ class BudgetStage:
         if comp is not None:
             ticket.token_allowance = max(0, comp - (ledger.used("completion_tokens") - charge.completion_reserve))
         cost = limits.get("max_cost_usd")
-        if cost is not None and self.prices is not None and ex.call.operation in bm.LLM_OPERATIONS:
-            up, call = ex.route.upstream, ex.call
-            base = self.prices.estimate(up, dataclasses.replace(call, max_output_tokens=0), 0).usd
-            per_m = self.prices.estimate(up, dataclasses.replace(call, max_output_tokens=1_000_000), 0).usd
-            ticket.out_price_nusd = max(0.0, per_m - base) * bm.NANO / 1_000_000
+        if cost is not None and quote is not None and ex.call.operation in bm.LLM_OPERATIONS:
+            ticket.out_price_nusd = max(0.0, quote.per_output_usd) * bm.NANO
             before = ledger.used("cost_nusd") - charge.cost
             ticket.cost_allowance = max(0, cost - before - charge.cost_certain)
 

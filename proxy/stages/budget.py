@@ -70,6 +70,7 @@ class Ticket:
     cut: str | None = None
     settled: bool = False  # settle ran (early, in on_response, or in on_end)
     annotate: Callable[[], None] | None = None  # the reservation's span record, run before settle or at on_end
+    seen_chunks: frozenset[str] | None = None  # retrievals: the task's chunk ids when the call was admitted
 
 
 class BudgetStage:
@@ -126,7 +127,7 @@ class BudgetStage:
             return self._store_failed(ex, RuntimeError("profile conflict did not resolve"), hit)
         shadow = self._shadow(sel.profile)
         ticket = Ticket(decision.admitted, charge, decision.reservation, limits, sel.profile, shadow,
-                        dimension=decision.dimension)
+                        dimension=decision.dimension, seen_chunks=decision.seen_chunks)
         ex.state["budget"] = ticket
         left, warn = self._headers(ex, ticket, decision, charge, now)
         if not decision.admitted:
@@ -373,16 +374,23 @@ class BudgetStage:
     # --- after the response ------------------------------------------------------------------------
 
     async def on_response(self, ex: Exchange) -> None:
-        """A small retrieval answer was read whole: settle now, before its headers go out, so the
-        client learns how many chunks are new to the task (`x-ragtoll-evidence`)."""
+        """A small retrieval answer was read whole: before its headers go out, count how many of
+        its chunks are new to the task (`x-ragtoll-evidence`). New means not among the chunks the
+        task had when this call was admitted (the reservation brought them: no store round trip;
+        the settle follows the body). A task past SEEN_CHUNKS_CAP chunks settles here instead."""
         ticket: Ticket | None = ex.state.get("budget")
         chunks = ex.observation.chunks
         if ticket is None or not ticket.admitted or ex.task is None or chunks is None:
             return
-        ledger = await self._settle(ex, ticket)
-        if ledger is not None:
-            header = evidence_header(chunks, ledger.used("last_new"))
-            ex.response_headers.append((EVIDENCE_HEADER, header.encode()))
+        seen = ticket.seen_chunks
+        if seen is not None:
+            new = len({c.id for c in chunks if c.id and c.id not in seen})
+        else:
+            ledger = await self._settle(ex, ticket)
+            if ledger is None:
+                return
+            new = ledger.used("last_new")
+        ex.response_headers.append((EVIDENCE_HEADER, evidence_header(chunks, new).encode()))
 
     async def on_end(self, ex: Exchange) -> None:
         await self._baggage_outcome(ex)

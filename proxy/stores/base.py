@@ -40,6 +40,18 @@ class Decision:
     ledger: Ledger
     reservation: Reservation
     profile_conflict: str | None = None
+    # admitted retrievals: the chunk ids the task had already seen (None: more than SEEN_CHUNKS_CAP),
+    # so `x-ragtoll-evidence` can count what is new without waiting for the settle round trip
+    seen_chunks: frozenset[str] | None = None
+
+
+# A task with more chunks than this gets its retrieval novelty from the settle instead.
+SEEN_CHUNKS_CAP = 512
+
+
+def wants_seen(charge: Charge) -> bool:
+    """A retrieval that goes upstream: its reservation returns the task's seen chunk ids."""
+    return charge.retrieval_calls > 0 and not charge.cache_hit
 
 
 class Store(Protocol):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ..budget import Actual, Charge, Ledger, Reservation, apply_charge, first_exceeded
-from .base import Decision, TaskMeta
+from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, wants_seen
 
 DEFAULT_MAX_TASKS = 200_000
 STALE_INFLIGHT_MS = 15 * 60 * 1000
@@ -63,7 +63,10 @@ class MemoryStore:
             task.queries.add(charge.query_key)  # type: ignore[arg-type]
         reservation = apply_charge(ledger, charge, new_query, now_ms)
         ledger.counters["inflight"] = ledger.counters.get("inflight", 0) + 1
-        return Decision(True, dim, _copy(ledger), reservation)
+        seen = None
+        if wants_seen(charge) and (task.chunks is None or len(task.chunks) <= SEEN_CHUNKS_CAP):
+            seen = frozenset(task.chunks or ())
+        return Decision(True, dim, _copy(ledger), reservation, seen_chunks=seen)
 
     async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
         task = self._tasks.get(task_id)

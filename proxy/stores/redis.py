@@ -24,7 +24,7 @@ from redis.exceptions import NoScriptError, SlotNotCoveredError
 
 from ..budget import Actual, Charge, Ledger, Reservation
 from ..config import DIMENSIONS
-from .base import Decision, TaskMeta
+from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, wants_seen
 
 STALE_INFLIGHT_MS = 15 * 60 * 1000
 MAX_LOCAL_TASKS = 200_000
@@ -109,19 +109,21 @@ class RedisStore:
             charge.cost_reserve, 1 if charge.cache_hit else 0,
         ]
         args.extend(limits.get(d, -1) for d in DIMENSIONS)
-        args.extend((meta.source, meta.trace_id))
+        args.extend((meta.source, meta.trace_id, SEEN_CHUNKS_CAP if wants_seen(charge) else 0))
         out = await self._run(self._reserve, (h, q, c), args)
         self._touch(task_id, now_ms)
         status = out[0].decode()
         if status == "conflict":
             return Decision(False, None, Ledger(task_id), Reservation(), profile_conflict=out[1].decode())
         dim = out[1].decode() or None
-        ledger = _ledger(task_id, out[3:])
         if status == "reject":
-            return Decision(False, dim, ledger, Reservation())
+            return Decision(False, dim, _ledger(task_id, out[3:]), Reservation())
         new_query = int(out[2]) == 1
-        return Decision(True, dim, ledger, Reservation(charge.context_tokens, charge.completion_reserve,
-                                                        charge.cost, new_query))
+        n = int(out[3])
+        seen = frozenset(m.decode() for m in out[4:4 + n]) if n >= 0 else None
+        return Decision(True, dim, _ledger(task_id, out[4 + max(n, 0):]),
+                        Reservation(charge.context_tokens, charge.completion_reserve, charge.cost, new_query),
+                        seen_chunks=seen)
 
     async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
         h, q, c = task_keys(task_id)

@@ -565,15 +565,19 @@ def test_an_unwritable_record_sink_still_ends_the_task(proxy: ProxyFactory, upst
     assert gone.status_code == 404
 
 
-def test_retrieval_answers_carry_evidence_strength_with_novelty_for_the_task(proxy: Any, upstream: Any) -> None:
+@pytest.mark.parametrize("store", ["memory", "redis"])
+def test_retrieval_answers_carry_evidence_strength_with_novelty_for_the_task(
+        proxy: Any, upstream: Any, store: str, request: pytest.FixtureRequest) -> None:
     import http_sfv
 
+    t = task()
+    url = "memory" if store == "memory" else request.getfixturevalue("redis_url")
     # the cache is off so the repeat goes upstream (a hit is no retrieval and carries no novelty)
     with proxy(upstreams=[{"name": "docs", "kind": "retrieval", "api": "json", "url": upstream.url,
-                           "prefix": "/docs"}], cache={"enabled": False}) as base:
+                           "prefix": "/docs"}], cache={"enabled": False}, store=url) as base:
         def search(query: str) -> http_sfv.Dictionary:
             r = httpx.post(f"{base}/docs/search", json={"query": query, "top_k": 3},
-                           headers={"x-ragtoll-task-id": "evidence-task"})
+                           headers={"x-ragtoll-task-id": t})
             assert r.status_code == 200 and len(r.json()["results"]) == 3
             d = http_sfv.Dictionary()
             d.parse(r.headers["x-ragtoll-evidence"].encode())

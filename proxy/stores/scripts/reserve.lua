@@ -5,7 +5,9 @@
 --       9 steps 10 calls 11 retrieval_calls 12 rerank_calls 13 context_tokens 14 prompt_tokens
 --       15 completion_reserve 16 cost_certain 17 cost_reserve 18 cache_hit(0|1)
 --       19..29 limits in DIMENSIONS order (-1 = unlimited) 30 task source 31 trace id (hex)
--- Returns {'conflict', stored_profile} | {'reject'|'ok', dimension|'', new_query(0|1), HGETALL...}
+--       32 seen cap: > 0 asks for the task's chunk ids when there are at most that many
+-- Returns {'conflict', stored_profile} | {'reject', dimension|'', 0, HGETALL...}
+--       | {'ok', dimension|'', new_query(0|1), n (-1: not returned), n chunk ids..., HGETALL...}
 local h, q, c = KEYS[1], KEYS[2], KEYS[3]
 local now = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
@@ -82,6 +84,14 @@ if newq == 1 then
   redis.call('HINCRBY', h, 'unique_queries', 1)
 end
 expire_all()
-local out = {'ok', dim, newq}
+local out = {'ok', dim, newq, -1}
+local cap = tonumber(ARGV[32] or '0')
+if cap > 0 then  -- a retrieval: the evidence the task had when admitted (x-ragtoll-evidence's `new`)
+  local n = redis.call('SCARD', c)
+  if n <= cap then
+    out[4] = n
+    for _, m in ipairs(redis.call('SMEMBERS', c)) do out[#out + 1] = m end
+  end
+end
 for _, v in ipairs(redis.call('HGETALL', h)) do out[#out + 1] = v end
 return out

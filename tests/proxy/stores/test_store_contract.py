@@ -14,7 +14,7 @@ import orjson
 import pytest
 from ragtoll.proxy import budget as bm
 from ragtoll.proxy.budget import Actual, Charge
-from ragtoll.proxy.stores.base import Store, TaskMeta
+from ragtoll.proxy.stores.base import SEEN_CHUNKS_CAP, Store, TaskMeta
 from ragtoll.proxy.stores.memory import MemoryStore
 from ragtoll.proxy.stores.redis import RedisStore
 from support.budget_cluster import start_budget_cluster
@@ -155,6 +155,23 @@ async def test_new_chunk_resets_the_stall(store: Store) -> None:
         d = await store.reserve(t, META, {}, r, T0)
         after = await store.settle(t, d.reservation, Actual(chunk_ids=chunks), T0)
         assert after is not None and after.used("stalled") == expected
+
+
+async def test_a_retrieval_is_admitted_with_the_chunks_its_task_has_seen(store: Store) -> None:
+    t = tid()
+    r = Charge(retrieval_calls=1)
+    first = await store.reserve(t, META, {}, r, T0)
+    assert first.seen_chunks == frozenset()  # a new task has seen nothing
+    await store.settle(t, first.reservation, Actual(chunk_ids=("a", "b", "é")), T0)
+    second = await store.reserve(t, META, {}, r, T0)
+    assert second.seen_chunks == {"a", "b", "é"}
+    assert (await store.reserve(t, META, {}, LLM, T0)).seen_chunks is None  # not a retrieval
+    assert (await store.reserve(t, META, {}, Charge(calls=1, cache_hit=True), T0)).seen_chunks is None
+    many = tuple(f"c{i}" for i in range(SEEN_CHUNKS_CAP + 1))
+    await store.settle(t, second.reservation, Actual(chunk_ids=many), T0)
+    third = await store.reserve(t, META, {}, r, T0)
+    assert third.admitted and third.seen_chunks is None  # past the cap: the settle counts novelty
+    assert third.ledger.chunks_seen == SEEN_CHUNKS_CAP + 4
 
 
 async def test_shadow_admits_and_records_what_it_would_refuse(store: Store) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
 import http_sfv
+import pytest
 import orjson
 from ragtoll.proxy import tokens
 from ragtoll.proxy.evidence_track import (
@@ -64,3 +67,17 @@ def test_evidence_header_is_an_rfc8941_dictionary() -> None:
     assert evidence_header([Chunk("a", score=0.7), Chunk("b", score=0.6)], 1) == "n=2, new=1, top=0.7"
     assert evidence_header([Chunk("a", score=float("nan"))], 1) == "n=1, new=1"
     assert evidence_header([Chunk("a")], 1) == "n=1, new=1"
+
+
+def test_evidence_header_matches_an_rfc8941_serializer_on_any_score() -> None:
+    rng = random.Random(8941)
+    scores = [rng.uniform(-1e12 + 1, 1e12 - 1) for _ in range(300)] + [rng.uniform(-2, 2) for _ in range(3000)]
+    scores += [0.0, -0.0, 1.0, 0.1, 0.0005, 0.0015, 0.9995, -0.0004, 123.4565, 999_999_999_999.9]
+    for i, top in enumerate(scores):
+        third = scores[(i * 7 + 3) % len(scores)]
+        chunks = [Chunk("a", score=top), Chunk("b", score=0.0), Chunk("c", score=third)]
+        value = evidence_header(chunks, i)
+        parsed = http_sfv.Dictionary()
+        parsed.parse(value.encode())
+        assert str(parsed) == value  # what an RFC 8941 serializer writes for the same values
+        assert float(parsed["top"].value) == pytest.approx(round(top, 3), rel=1e-12, abs=1e-9)

@@ -369,6 +369,7 @@ def main() -> None:
     ap.add_argument("--margin", type=float, default=0.8,
                     help="soak at this share of the searched rate: short search steps under-sample the p99 tail")
     ap.add_argument("--skip-multi", action="store_true", help="only the single-process phase")
+    ap.add_argument("--skip-single", action="store_true", help="only the three-process phase (needs --rate)")
     ap.add_argument("--idle-timeout", type=float, default=5.0, help="tasks.idle_timeout_s of the ragtoll processes")
     ap.add_argument("--cache-entries", type=int, default=4000,
                     help="cache.max_entries: small enough that the evidence cache is full before warm-up ends, "
@@ -396,6 +397,8 @@ def main() -> None:
         rt, rt_port = start_ragtoll(upstream, "memory", tmp, "single", args.idle_timeout, not args.no_export,
                                     collector, args.cache_entries)
         procs.append(rt)
+        if args.skip_single and not args.rate:
+            ap.error("--skip-single needs --rate (the three-process phase starts at the single phase's rate)")
         if args.rate:
             rate, ladder = args.rate, []
         else:
@@ -404,9 +407,10 @@ def main() -> None:
             rate = round(found * args.margin, 1)
             results["rate_found"] = found
         results["rate_search"] = ladder
-        print(f"soak: one process, memory store, {rate:.0f} req/s for {args.seconds:.0f} s", flush=True)
-        results["single"] = soak([rt], [rt_port], up_port, rate, args.seconds)
-        print(json.dumps(results["single"], indent=1), flush=True)
+        if not args.skip_single:
+            print(f"soak: one process, memory store, {rate:.0f} req/s for {args.seconds:.0f} s", flush=True)
+            results["single"] = soak([rt], [rt_port], up_port, rate, args.seconds)
+            print(json.dumps(results["single"], indent=1), flush=True)
         rt.terminate()
         rt.wait(10)
         procs.remove(rt)
@@ -435,7 +439,7 @@ def main() -> None:
     out = HERE / "results"
     out.mkdir(exist_ok=True)
     name = "soak.json" if args.seconds >= 600 else "soak-short.json"
-    if args.no_export or args.idle_timeout != 5.0 or args.cache_entries != 4000:
+    if args.no_export or args.idle_timeout != 5.0 or args.cache_entries != 4000 or args.skip_single:
         name = name.replace(".json", "-variant.json")  # diagnosis runs never overwrite the reference numbers
     (out / name).write_text(json.dumps(results, indent=2))
     print(f"written: bench/results/{name}")

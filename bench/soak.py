@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import random
@@ -143,7 +144,7 @@ class Results:
     latencies: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     statuses: Counter[tuple[str, int]] = field(default_factory=Counter)
     cache: Counter[str] = field(default_factory=Counter)
-    timeline: list[tuple[float, float]] = field(default_factory=list)  # (scheduled offset s, latency s)
+    timeline: list[tuple[float, float, str]] = field(default_factory=list)  # (scheduled offset s, latency s, kind)
     errors: int = 0  # connection failures and unexpected statuses
     sent: int = 0
     seconds: float = 0.0
@@ -204,7 +205,7 @@ async def drive(ports: list[int], rate: float, seconds: float, direct: bool, see
                     await conns[port].close()
                     continue
                 res.latencies[kind].append(time.perf_counter() - at)
-                res.timeline.append((at - start, time.perf_counter() - at))
+                res.timeline.append((at - start, time.perf_counter() - at, kind))
                 res.statuses[(kind, status)] += 1
                 expected = 429 if kind == "reject" and not direct else 200
                 if status != expected:
@@ -261,11 +262,32 @@ def start_ragtoll(upstream: str, store: str, tmp: Path, name: str, idle_s: float
     return p, port
 
 
-def by_minute(timeline: list[tuple[float, float]]) -> list[float]:
+def by_minute(timeline: list[tuple[float, float, str]], kind: str | None = None) -> list[float]:
     buckets: dict[int, list[float]] = defaultdict(list)
-    for at, latency in timeline:
-        buckets[int(at // 60)].append(latency)
+    for at, latency, k in timeline:
+        if kind is None or k == kind:
+            buckets[int(at // 60)].append(latency)
     return [round(sorted(xs)[int(0.99 * (len(xs) - 1))] * 1000, 2) for _, xs in sorted(buckets.items())]
+
+
+def machine_cpu() -> tuple[int, int, int]:
+    """(busy, steal, total) jiffies of the whole machine: what else ran, and what the hypervisor took."""
+    f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = f
+    return user + nice + system + irq + softirq, steal, sum(f)
+
+
+def machine_by_minute(marks: list[tuple[float, tuple[int, int, int]]]) -> list[tuple[float, float]]:
+    """Per minute of the run: (% of the machine's CPU busy, % stolen by the hypervisor)."""
+    out = []
+    for (t0, a), (_, b) in itertools.pairwise(marks):
+        total = max(1, b[2] - a[2])
+        out.append((int(t0 // 60), (b[0] - a[0]) / total * 100, (b[1] - a[1]) / total * 100))
+    minutes: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for m, busy, steal in out:
+        minutes[m].append((busy, steal))
+    return [(round(sum(b for b, _ in xs) / len(xs), 1), round(sum(s for _, s in xs) / len(xs), 2))
+            for _, xs in sorted(minutes.items())]
 
 
 def added_p99(rt: Results, direct: Results) -> dict[str, float]:
@@ -310,11 +332,13 @@ def soak(procs: list[subprocess.Popen[bytes]], ports: list[int], up_port: int, r
          seconds: float) -> dict[str, Any]:
     warmup = max(20.0, seconds * 0.2)
     samples: list[tuple[float, list[tuple[float, int]]]] = []
+    machine: list[tuple[float, tuple[int, int, int]]] = []
 
     async def sampler(stop: asyncio.Event) -> None:
         t0 = time.perf_counter()
         while not stop.is_set():
             samples.append((time.perf_counter() - t0, [proc_stats(p.pid) for p in procs]))
+            machine.append((time.perf_counter() - t0, machine_cpu()))
             try:
                 await asyncio.wait_for(stop.wait(), 5)
             except TimeoutError:
@@ -354,6 +378,10 @@ def soak(procs: list[subprocess.Popen[bytes]], ports: list[int], up_port: int, r
         "cpu_pct_of_one_core": cpu,
         # p99 of all kinds per minute, and RSS per sample: where a long run goes wrong, and when
         "p99_ms_by_minute": by_minute(rt.timeline),
+        "p99_ms_by_minute_per_kind": {k: by_minute(rt.timeline, k) for k in KINDS if rt.latencies[k]},
+        # the whole machine per minute: (% busy, % stolen by the hypervisor) - a slow minute with
+        # high steal or busy time was taken by something else
+        "machine_busy_steal_pct_by_minute": machine_by_minute(machine),
         "rss_mb_timeline": [(round(t), [round(x[0], 1) for x in s]) for t, s in samples],
     }
     out["pass"] = (all(g <= 10 for g in growth) and all(end[i][1] <= at_warm[i][1] for i in range(len(procs)))

@@ -279,13 +279,10 @@ def machine_cpu() -> tuple[int, int, int]:
 
 def machine_by_minute(marks: list[tuple[float, tuple[int, int, int]]]) -> list[tuple[float, float]]:
     """Per minute of the run: (% of the machine's CPU busy, % stolen by the hypervisor)."""
-    out = []
+    minutes: dict[int, list[tuple[float, float]]] = defaultdict(list)
     for (t0, a), (_, b) in itertools.pairwise(marks):
         total = max(1, b[2] - a[2])
-        out.append((int(t0 // 60), (b[0] - a[0]) / total * 100, (b[1] - a[1]) / total * 100))
-    minutes: dict[int, list[tuple[float, float]]] = defaultdict(list)
-    for m, busy, steal in out:
-        minutes[m].append((busy, steal))
+        minutes[int(t0 // 60)].append(((b[0] - a[0]) / total * 100, (b[1] - a[1]) / total * 100))
     return [(round(sum(b for b, _ in xs) / len(xs), 1), round(sum(s for _, s in xs) / len(xs), 2))
             for _, xs in sorted(minutes.items())]
 
@@ -399,7 +396,7 @@ def main() -> None:
     ap.add_argument("--margin", type=float, default=0.8,
                     help="soak at this share of the searched rate: short search steps under-sample the p99 tail")
     ap.add_argument("--skip-multi", action="store_true", help="only the single-process phase")
-    ap.add_argument("--skip-single", action="store_true", help="only the three-process phase (needs --rate)")
+    ap.add_argument("--skip-single", action="store_true", help="only the three-process phase")
     ap.add_argument("--idle-timeout", type=float, default=5.0, help="tasks.idle_timeout_s of the ragtoll processes")
     ap.add_argument("--cache-entries", type=int, default=4000,
                     help="cache.max_entries: small enough that the evidence cache is full before warm-up ends, "
@@ -424,26 +421,22 @@ def main() -> None:
             wait_port(port, p)
         upstream = f"http://127.0.0.1:{up_port}"
         collector = f"http://127.0.0.1:{sink_port}"
-        rt, rt_port = start_ragtoll(upstream, "memory", tmp, "single", args.idle_timeout, not args.no_export,
-                                    collector, args.cache_entries)
-        procs.append(rt)
-        if args.skip_single and not args.rate:
-            ap.error("--skip-single needs --rate (the three-process phase starts at the single phase's rate)")
-        if args.rate:
-            rate, ladder = args.rate, []
-        else:
-            print("rate search (one ragtoll process, memory store):", flush=True)
-            found, ladder = find_rate([rt_port], up_port, args.start_rate, args.step_seconds)
-            rate = round(found * args.margin, 1)
-            results["rate_found"] = found
-        results["rate_search"] = ladder
+        rate = args.rate
         if not args.skip_single:
+            rt, rt_port = start_ragtoll(upstream, "memory", tmp, "single", args.idle_timeout, not args.no_export,
+                                        collector, args.cache_entries)
+            procs.append(rt)
+            if rate is None:
+                print("rate search (one ragtoll process, memory store):", flush=True)
+                found, results["rate_search"] = find_rate([rt_port], up_port, args.start_rate, args.step_seconds)
+                rate = round(found * args.margin, 1)
+                results["rate_found"] = found
             print(f"soak: one process, memory store, {rate:.0f} req/s for {args.seconds:.0f} s", flush=True)
             results["single"] = soak([rt], [rt_port], up_port, rate, args.seconds)
             print(json.dumps(results["single"], indent=1), flush=True)
-        rt.terminate()
-        rt.wait(10)
-        procs.remove(rt)
+            rt.terminate()
+            rt.wait(10)
+            procs.remove(rt)
         if not args.skip_multi:
             node = start_redis()
             redis_nodes.append(node)

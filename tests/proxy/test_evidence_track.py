@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 import http_sfv
-import pytest
 import orjson
+import pytest
 from ragtoll.proxy import tokens
 from ragtoll.proxy.evidence_track import (
     chunk_key,

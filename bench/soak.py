@@ -145,6 +145,10 @@ class Results:
     statuses: Counter[tuple[str, int]] = field(default_factory=Counter)
     cache: Counter[str] = field(default_factory=Counter)
     timeline: list[tuple[float, float, str]] = field(default_factory=list)  # (scheduled offset s, latency s, kind)
+    # the load generator's own health: how late each request left after its scheduled time, and how
+    # late a 5 ms ticker on the generator's event loop woke (a stall here is the generator's, not ragtoll's)
+    send_late: list[tuple[float, float]] = field(default_factory=list)  # (scheduled offset s, lateness s)
+    loop_lag: list[tuple[float, float]] = field(default_factory=list)  # (offset s, lateness s)
     errors: int = 0  # connection failures and unexpected statuses
     sent: int = 0
     seconds: float = 0.0
@@ -198,6 +202,7 @@ async def drive(ports: list[int], rate: float, seconds: float, direct: bool, see
                 task = f"soak-{seed}-{w}-{task_n}"
                 kind, path, body, headers = make_request(i, rng, direct, task)
                 port = ports[i % len(ports)]
+                res.send_late.append((at - start, time.perf_counter() - at))
                 try:
                     status, got = await conns[port].request(path, body, headers)
                 except (OSError, asyncio.IncompleteReadError, ValueError, IndexError):
@@ -217,7 +222,17 @@ async def drive(ports: list[int], rate: float, seconds: float, direct: bool, see
             for c in conns.values():
                 await c.close()
 
+    async def ticker(done: asyncio.Event) -> None:
+        while not done.is_set():
+            t = time.perf_counter()
+            await asyncio.sleep(0.005)
+            res.loop_lag.append((t - start, time.perf_counter() - t - 0.005))
+
+    done = asyncio.Event()
+    tick = asyncio.create_task(ticker(done))
     await asyncio.gather(*[worker(w) for w in range(CONNECTIONS)])
+    done.set()
+    await tick
     res.seconds = time.perf_counter() - start
     return res
 
@@ -262,12 +277,12 @@ def start_ragtoll(upstream: str, store: str, tmp: Path, name: str, idle_s: float
     return p, port
 
 
-def by_minute(timeline: list[tuple[float, float, str]], kind: str | None = None) -> list[float]:
+def by_minute(timeline: list[tuple[float, float, str]], kind: str | None = None, q: float = 0.99) -> list[float]:
     buckets: dict[int, list[float]] = defaultdict(list)
     for at, latency, k in timeline:
         if kind is None or k == kind:
             buckets[int(at // 60)].append(latency)
-    return [round(sorted(xs)[int(0.99 * (len(xs) - 1))] * 1000, 2) for _, xs in sorted(buckets.items())]
+    return [round(sorted(xs)[int(q * (len(xs) - 1))] * 1000, 2) for _, xs in sorted(buckets.items())]
 
 
 def machine_cpu() -> tuple[int, int, int]:
@@ -379,6 +394,13 @@ def soak(procs: list[subprocess.Popen[bytes]], ports: list[int], up_port: int, r
         # the whole machine per minute: (% busy, % stolen by the hypervisor) - a slow minute with
         # high steal or busy time was taken by something else
         "machine_busy_steal_pct_by_minute": machine_by_minute(machine),
+        # the load generator's own lateness per minute (p99, max): sends behind schedule, loop wake-ups
+        "loadgen_send_late_ms_by_minute": list(zip(by_minute([(a, x, "") for a, x in rt.send_late]),
+                                                   by_minute([(a, x, "") for a, x in rt.send_late], q=1.0),
+                                                   strict=True)),
+        "loadgen_loop_lag_ms_by_minute": list(zip(by_minute([(a, x, "") for a, x in rt.loop_lag]),
+                                                  by_minute([(a, x, "") for a, x in rt.loop_lag], q=1.0),
+                                                  strict=True)),
         "rss_mb_timeline": [(round(t), [round(x[0], 1) for x in s]) for t, s in samples],
     }
     out["pass"] = (all(g <= 10 for g in growth) and all(end[i][1] <= at_warm[i][1] for i in range(len(procs)))

@@ -2,8 +2,9 @@
 
 Every query carries its intent (domain + the facet values that decide the answer). Queries of one
 intent are paraphrases that should share evidence; queries whose intents differ in one facet are
-near misses that must not (plan types, billing periods, regions, numbers, negation, direction,
-entities, time periods). Deterministic; run `python bench/data/make_cache_eval.py` to regenerate.
+near misses that must not (plan types, tiers, billing periods, regions, numbers, doses, age groups,
+negation, direction, entities, time periods). Deterministic; run `python bench/data/make_cache_eval.py`
+to regenerate.
 """
 
 from __future__ import annotations
@@ -192,6 +193,279 @@ for when in ("weekday", "weekend"):
         f"calls are answered from {'8' if when == 'weekday' else '10'} to 6.", {"section": "support", "support": when})
     ask("shop", {"support": when}, [f"support hours on {when}s", f"when is the help desk open on {when}s",
                                     f"customer service {when} opening times"], {"section": "support"})
+
+# The domains above come first and are generated exactly as before; the ones below were added later
+# and draw from the same rng only after them, so the earlier queries and documents stay the same.
+OLD_QUERIES = len(queries)
+
+# --- logistics: sections as filters; destination x service x topic, parcel weights, duties by direction,
+# signature on delivery --------------------------------------------------------------------------------
+DEST = {"UK": ("the UK", "the United Kingdom", "UK"), "Japan": ("Japan", "Japan", "Japan"),
+        "Brazil": ("Brazil", "Brazil", "Brazil")}
+SERVICE = {"standard": ("standard", "regular", "economy"), "express": ("express", "expedited", "fast")}
+L_TOPIC = {"time": "Delivery time, transit time, how many days until it arrives",
+           "cost": "Shipping rates, price, cost of sending a parcel"}
+for country, service, topic in itertools.product(DEST, SERVICE, L_TOPIC):
+    i = list(DEST).index(country)
+    fast = service == "express"
+    days = (2 + i, 3 + 2 * i) if fast else (5 + 3 * i, 8 + 4 * i)
+    price = (24 + 9 * i) if fast else (11 + 5 * i)
+    c0, c1, c2 = DEST[country]
+    s0, s1, s2 = SERVICE[service]
+    fact = {"time": f"{s0} parcels to {c0} arrive in {days[0]} to {days[1]} business days.",
+            "cost": f"{s0} shipping of a parcel up to 2 kg to {c0} costs ${price}."}[topic]
+    doc("logistics", {"country": country, "service": service, "topic": topic},
+        f"{L_TOPIC[topic]}. {s0.capitalize()} international shipping ({', '.join(SERVICE[service])}) to "
+        f"{c0}{f' ({c1})' if c1 != c0 else ''}: {fact}", {"section": "international", "country": country, "service": service})
+    forms = {"time": [f"how long does {s0} shipping to {c0} take", f"{s1} delivery time to {c1}",
+                      f"how many days for {s2} parcels to reach {c0}", f"transit time for {s0} shipments to {c2}",
+                      f"when will my {s1} package to {c0} arrive"],
+             "cost": [f"how much is {s0} shipping to {c0}", f"{s1} shipping rates to {c1}",
+                      f"price of sending a parcel to {c0} by {s0} shipping", f"what does {s2} delivery to {c0} cost",
+                      f"{c2} {s0} shipping cost"]}[topic]
+    ask("logistics", {"country": country, "service": service, "topic": topic}, pick(forms, 4),
+        {"section": "international"})
+for kg in (1, 5, 20):
+    price = {1: 7, 5: 16, 20: 41}[kg]
+    doc("logistics", {"t": "weight", "kg": kg},
+        f"Domestic parcel rates by weight, price for a {kg} kg ({kg} kilogram) parcel: sending a {kg} kg parcel "
+        f"within the country costs ${price}.", {"section": "domestic", "weight": f"{kg}kg"})
+    ask("logistics", {"t": "weight", "kg": kg},
+        [f"cost to ship a {kg} kg parcel", f"how much is postage for a {kg} kilogram package",
+         f"price of sending a {kg}kg box domestically", f"{kg} kg parcel shipping rate"], {"section": "domestic"})
+NAMED = {"US": "the US", "Canada": "Canada"}
+for src, dst in (("US", "Canada"), ("Canada", "US")):
+    limit = {"Canada": "CAD 150", "US": "USD 800"}[dst]
+    a, b = NAMED[src], NAMED[dst]
+    doc("logistics", {"t": "duties", "from": src, "to": dst},
+        f"Customs duties, import tax and duty-free limits on parcels sent from {a} to {b} (shipping from {src} "
+        f"into {dst}): parcels worth up to {limit} enter {b} duty free; above that the receiver pays import duty.",
+        {"section": "customs", "origin": src, "destination": dst})
+    ask("logistics", {"t": "duties", "from": src, "to": dst},
+        [f"customs duties on packages from {a} to {b}",
+         f"do I pay import tax when sending a parcel from {a} to {b}",
+         f"duty free limit for shipments from {a} into {b}",
+         f"{dst} import duties on parcels shipped from {a}"], {"section": "customs"})
+for neg in (False, True):
+    doc("logistics", {"t": "signature", "neg": neg},
+        ("Deliveries without a signature (no signature needed, signature not required): if nobody is home, "
+         "the courier leaves the parcel at the door or in a safe place and sends a photo." if neg else
+         "Deliveries that need a signature (signature required): if nobody is home, the parcel goes back to "
+         "the local depot and can be collected within 7 days."),
+        {"section": "delivery", "signature": "no" if neg else "yes"})
+    ask("logistics", {"t": "signature", "neg": neg},
+        (["where is my parcel left if no signature is needed", "delivery without a signature when nobody is home",
+          "what happens to a parcel that doesn't need a signature if I'm out",
+          "parcels with no signature required, where do they get left"] if neg else
+         ["what happens if I'm not home for a delivery that needs a signature",
+          "missed a delivery that requires a signature",
+          "signature required parcel and nobody was home",
+          "where does a parcel that needs a signature go if I'm out"]), {"section": "delivery"})
+
+# --- insurance: product as a filter; tier x topic per product, driver age, renewal year, flood add-on ----
+PRODUCT = {"auto": ("car insurance", "auto insurance", "car cover"),
+           "home": ("home insurance", "homeowners insurance", "house insurance")}
+TIER = {"bronze": "Bronze", "silver": "Silver", "gold": "Gold"}
+I_TOPIC = {"deductible": "Deductible, excess, the amount you pay per claim",
+           "limit": "Coverage limit, maximum payout, how much the policy covers"}
+for product, tier, topic in itertools.product(PRODUCT, TIER, I_TOPIC):
+    i = list(TIER).index(tier)
+    p0, p1, p2 = PRODUCT[product]
+    T = TIER[tier]
+    fact = {"deductible": f"the deductible is ${[1000, 500, 250][i] * (2 if product == 'home' else 1):,} per claim.",
+            "limit": f"claims are paid up to ${[50, 150, 500][i] * (3 if product == 'home' else 1):,},000 a year."}[topic]
+    doc("insurance", {"product": product, "tier": tier, "topic": topic},
+        f"{I_TOPIC[topic]}. {T} tier {p0} policy ({p1}, {p2}): {fact}", {"product": product, "tier": tier})
+    forms = {"deductible": [f"what is the deductible on {tier} {p0}", f"{tier} {p1} deductible amount",
+                            f"how much do I pay per claim on the {tier} {p2} plan",
+                            f"excess for a {tier} {p0} policy", f"deductible for the {tier} tier of {p1}"],
+             "limit": [f"coverage limit of {tier} {p0}", f"what is the maximum payout on a {tier} {p1} policy",
+                       f"how much does {tier} {p2} pay out", f"{tier} {p0} claim limit",
+                       f"max coverage amount for the {tier} {p1} plan"]}[topic]
+    ask("insurance", {"product": product, "tier": tier, "topic": topic}, pick(forms, 4), {"product": product})
+for side in ("under", "over"):
+    doc("insurance", {"t": "age", "side": side},
+        ("Young driver surcharge, age of the driver: drivers under 25 (younger than 25) pay a surcharge of "
+         "$300 a year on car insurance." if side == "under" else
+         "Driver age and price: drivers over 25 (older than 25) pay no age surcharge on car insurance; the "
+         "standard rate applies."), {"product": "auto", "driver_age": f"{side}-25"})
+    ask("insurance", {"t": "age", "side": side},
+        (["surcharge for drivers under 25", "does car insurance cost more for drivers younger than 25",
+          "young driver fee under 25", "insurance price for a driver aged under 25"] if side == "under" else
+         ["surcharge for drivers over 25", "does car insurance cost more for drivers older than 25",
+          "age fee for drivers above 25", "insurance price for a driver aged over 25"]),
+        {"product": "auto"})
+for year in (2024, 2025):
+    rise = {2024: 6, 2025: 9}[year]
+    doc("insurance", {"t": "renewal", "year": year},
+        f"Renewal price increase, premium change at renewal in {year}: home insurance premiums renewed in "
+        f"{year} rose {rise}% on average.", {"product": "home", "renewal_year": str(year)})
+    ask("insurance", {"t": "renewal", "year": year},
+        [f"how much did home insurance go up at the {year} renewal", f"home insurance renewal price increase {year}",
+         f"{year} homeowners insurance premium increase", f"by how much did house insurance premiums rise in {year}"],
+        {"product": "home"})
+for neg in (False, True):
+    doc("insurance", {"t": "flood", "neg": neg},
+        ("Flood damage on policies without the flood add-on (no flood cover): flooding from outside is not "
+         "covered; burst pipes still are." if neg else
+         "Flood damage on policies with the flood add-on (flood cover added): flooding from outside is covered "
+         "up to $100,000 after the deductible."), {"product": "home", "flood_addon": "no" if neg else "yes"})
+    ask("insurance", {"t": "flood", "neg": neg},
+        (["is flood damage covered without the flood add-on", "flood claims if I did not buy flood cover",
+          "does my home insurance pay for flooding if I don't have the flood extension",
+          "house flooded and no flood add-on on the policy"] if neg else
+         ["is flood damage covered with the flood add-on", "flood claims when I bought flood cover",
+          "does my home insurance pay for flooding if I have the flood extension",
+          "house flooded and the policy has the flood add-on"]), {"product": "home"})
+
+# --- pharmacy: made-up medicines; medicine x age group doses, tablet strength, food, supply length ------
+MEDS = {"Dolorin": "pain reliever", "Fevanol": "fever reducer", "Tussex": "cough syrup"}
+AGE = {"adult": ("adults", "an adult", "grown-ups"), "child": ("children", "a child", "kids"),
+       "senior": ("people over 65", "a patient over 65", "seniors")}
+for med, group in itertools.product(MEDS, AGE):
+    i, j = list(MEDS).index(med), list(AGE).index(group)
+    unit = "ml" if med == "Tussex" else "mg"
+    dose = [[400, 200, 200], [500, 250, 500], [10, 5, 5]][i][j]
+    hours = [6, 8, 8][j] + (2 if med == "Fevanol" else 0)
+    g0, g1, g2 = AGE[group]
+    doc("pharmacy", {"med": med, "group": group},
+        f"Dosage, dose, how much to take: {med} ({MEDS[med]}) for {', '.join(AGE[group])}: {dose} {unit} every "
+        f"{hours} hours, at most {dose * (24 // hours)} {unit} a day.", {"medicine": med, "age_group": group})
+    forms = [f"{med} dosage for {g0}", f"how much {med} can I give {g1}", f"recommended dose of {med} for {g2}",
+             f"how many {unit} of {med} for {g1}", f"{med} dose {g0}", f"what's the right amount of {med} for {g2}"]
+    ask("pharmacy", {"med": med, "group": group}, pick(forms, 4))
+for mg in (200, 400):
+    doc("pharmacy", {"t": "strength", "mg": mg},
+        f"Dolorin {mg} mg tablets ({mg}mg strength), how many tablets per dose: adults take "
+        f"{'two tablets' if mg == 200 else 'one tablet'} at a time.", {"medicine": "Dolorin", "strength": f"{mg}mg"})
+    ask("pharmacy", {"t": "strength", "mg": mg},
+        [f"how many Dolorin {mg} mg tablets can I take at once", f"Dolorin {mg}mg how many pills per dose",
+         f"number of {mg} mg Dolorin tablets per dose", f"should I take one or two Dolorin {mg} mg tablets"])
+for neg in (False, True):
+    doc("pharmacy", {"t": "food", "neg": neg},
+        ("Taking Fevanol without food, on an empty stomach: it starts working in about 30 minutes but can upset "
+         "the stomach." if neg else
+         "Taking Fevanol with food, after a meal: it is gentler on the stomach and starts working in about an hour."),
+        {"medicine": "Fevanol", "with_food": "no" if neg else "yes"})
+    ask("pharmacy", {"t": "food", "neg": neg},
+        (["can I take Fevanol without food", "Fevanol on an empty stomach", "taking Fevanol without eating first",
+          "is it ok to take Fevanol before eating anything"] if neg else
+         ["can I take Fevanol with food", "Fevanol after a meal", "taking Fevanol together with food",
+          "is it ok to take Fevanol while eating"]))
+for supply in (30, 90):
+    doc("pharmacy", {"t": "supply", "days": supply},
+        f"Prescription refill price, cost of a {supply}-day supply ({supply} days) of Cardiva: "
+        f"${12 if supply == 30 else 30} with insurance.", {"medicine": "Cardiva", "supply": f"{supply}d"})
+    months = {30: "one month", 90: "three month"}[supply]
+    ask("pharmacy", {"t": "supply", "days": supply},
+        [f"cost of a {supply}-day supply of Cardiva", f"how much is a {months} supply of Cardiva",
+         f"Cardiva {supply} day refill price", f"what does a {supply}-day Cardiva prescription cost"])
+
+# --- courses: subject x level x topic, registration by semester, dropping a course before/after week 4 --
+SUBJECT = {"calculus": ("Calculus", "MATH"), "statistics": ("Statistics", "STAT"), "programming": ("Programming", "CS")}
+LEVEL = {"intro": ("introductory", "intro", "101"), "advanced": ("advanced", "upper-level", "301")}
+C_TOPIC = {"prereq": "Prerequisites, requirements, courses you need first",
+           "credits": "Credits, credit hours, weekly workload"}
+for subject, level, topic in itertools.product(SUBJECT, LEVEL, C_TOPIC):
+    i = list(SUBJECT).index(subject)
+    S, dept = SUBJECT[subject]
+    l0, l1, num = LEVEL[level]
+    code, intro_code = f"{dept} {num}", f"{dept} 101"
+    adv = level == "advanced"
+    fact = {"prereq": (f"requires {intro_code} with a grade of C or better." if adv else
+                       "no prerequisites; high-school algebra is enough."),
+            "credits": f"{4 if adv else 3} credits, about {[6, 5, 8][i] + (3 if adv else 0)} hours of work a week."}[topic]
+    doc("courses", {"subject": subject, "level": level, "topic": topic},
+        f"{C_TOPIC[topic]}. {l0.capitalize()} {S} ({code}, {l1} {subject}): {fact}",
+        {"subject": subject, "level": level, "code": code})
+    forms = {"prereq": [f"prerequisites for {l0} {subject}", f"what do I need to take before {l1} {subject}",
+                        f"{code} prerequisites", f"requirements to enroll in {l0} {subject}",
+                        f"can I sign up for {l1} {subject} without taking other courses first"],
+             "credits": [f"how many credits is {l0} {subject}", f"{code} credit hours",
+                         f"credit value of {l1} {subject}", f"how many hours a week does {l0} {subject} take",
+                         f"{l1} {subject} workload"]}[topic]
+    ask("courses", {"subject": subject, "level": level, "topic": topic}, pick(forms, 4))
+for term in ("fall", "spring", "summer"):
+    opens, closes = {"fall": ("April 15", "August 30"), "spring": ("November 1", "January 20"),
+                     "summer": ("March 1", "May 31")}[term]
+    doc("courses", {"t": "registration", "term": term},
+        f"Registration dates, enrollment period, signing up for {term} semester classes: registration for the "
+        f"{term} semester opens {opens} and closes {closes}.", {"semester": term})
+    forms = [f"when does registration open for the {term} semester", f"{term} semester enrollment dates",
+             f"registration deadline for the {term} term", f"when can I sign up for {term} classes"]
+    if term == "fall":
+        forms.append("autumn semester course registration period")
+    ask("courses", {"t": "registration", "term": term}, pick(forms, 4))
+for when in ("before", "after"):
+    doc("courses", {"t": "drop", "when": when},
+        ("Dropping or withdrawing from a course before week 4 (before the fourth week): full tuition refund, and "
+         "the course does not appear on the transcript." if when == "before" else
+         "Dropping or withdrawing from a course after week 4 (after the fourth week): no tuition refund, and a W "
+         "appears on the transcript."), {"drop_period": f"{when}-week-4"})
+    ask("courses", {"t": "drop", "when": when},
+        [f"refund if I drop a course {when} week 4", f"dropping a class {when} the fourth week",
+         f"tuition refund for withdrawing {when} week 4", f"what happens if I withdraw from a course {when} week 4"])
+
+# --- telecom: sections as filters; plan x topic, roaming region x plan type, contract length, call direction
+PLANS = {"lite": "Lite", "plus": "Plus", "max": "Max"}
+M_TOPIC = {"data": "Data allowance, GB per month, data cap",
+           "hotspot": "Hotspot, tethering, sharing your phone's connection",
+           "price": "Price, monthly cost, what you pay"}
+for plan, topic in itertools.product(PLANS, M_TOPIC):
+    i = list(PLANS).index(plan)
+    P = PLANS[plan]
+    fact = {"data": f"{[5, 30, 100][i]} GB of data per month; after that, speeds drop to 1 Mbps.",
+            "hotspot": ("hotspot and tethering are not included." if plan == "lite" else
+                        f"hotspot is included, up to {[0, 10, 40][i]} GB a month."),
+            "price": f"the plan costs £{[10, 20, 35][i]} a month."}[topic]
+    doc("telecom", {"plan": plan, "topic": topic}, f"{M_TOPIC[topic]}. {P} mobile plan: {fact}",
+        {"section": "plans", "plan": plan})
+    forms = {"data": [f"how much data do I get on the {P} plan", f"{P} plan data allowance", f"monthly data cap on {P}",
+                      f"how many GB per month with the {P} plan", f"what's the data limit of the {P} mobile plan"],
+             "hotspot": [f"can I use hotspot on the {P} plan", f"tethering on {P}", f"{P} plan hotspot data",
+                         f"is sharing my phone's connection allowed on the {P} plan",
+                         f"how much hotspot data comes with {P}"],
+             "price": [f"how much does the {P} plan cost", f"{P} plan monthly price",
+                       f"price of the {P} mobile plan per month", f"what do I pay each month for {P}"]}[topic]
+    ask("telecom", {"plan": plan, "topic": topic}, pick(forms, 4), {"section": "plans"})
+REGION = {"EU": ("the EU", "Europe", "EU"), "US": ("the USA", "the US", "USA"), "Asia": ("Asia", "Asia", "Asia")}
+PAY = {"prepaid": ("prepaid", "pay as you go", "prepaid"), "contract": ("contract", "monthly contract", "contract")}
+for region, pay in itertools.product(REGION, PAY):
+    r0, r1, r2 = REGION[region]
+    t0, t1, t2 = PAY[pay]
+    fee = {("EU", "contract"): "included at no extra cost", ("EU", "prepaid"): "£2 a day",
+           ("US", "contract"): "£5 a day", ("US", "prepaid"): "£7 a day",
+           ("Asia", "contract"): "£8 a day", ("Asia", "prepaid"): "£10 a day"}[(region, pay)]
+    doc("telecom", {"region": region, "pay": pay},
+        f"Roaming charges, using your phone abroad in {r0}{f' ({r1})' if r1 != r0 else ''}: for {t0} customers "
+        f"({t1}), roaming in {r1} is {fee}.", {"section": "roaming", "region": region, "payment": pay})
+    forms = [f"roaming charges in {r0} on {t0}", f"how much does it cost to use my {t1} phone in {r1}",
+             f"{t0} roaming fees {r2}", f"using mobile data in {r1} with a {t1} plan",
+             f"is roaming in {r0} included for {t2} customers"]
+    ask("telecom", {"region": region, "pay": pay}, pick(forms, 4), {"section": "roaming"})
+for months in (12, 24):
+    yw = {12: "one-year", 24: "two-year"}[months]
+    doc("telecom", {"t": "termination", "months": months},
+        f"Early termination fee, ending a {months}-month contract ({yw} contract) early: you pay "
+        f"£{10 if months == 12 else 15} for each remaining month.", {"section": "contracts", "term": f"{months}m"})
+    ask("telecom", {"t": "termination", "months": months},
+        [f"early termination fee on a {months}-month contract", f"cancel my {months} month contract early cost",
+         f"how much to leave a {yw} contract early", f"fee for breaking a {months}-month contract"],
+        {"section": "contracts"})
+for src, dst in (("UK", "US"), ("US", "UK")):
+    rate = "5p a minute" if src == "UK" else "£1.20 a minute (roaming rate)"
+    doc("telecom", {"t": "calls", "from": src, "to": dst},
+        f"International calls, call rates from the {src} to the {dst} (calling the {dst} from the {src}): "
+        f"{rate}.", {"section": "calls", "origin": src, "destination": dst})
+    alias = {"US": "America", "UK": "the UK"}[dst]
+    ask("telecom", {"t": "calls", "from": src, "to": dst},
+        [f"cost of calling the {dst} from the {src}", f"price per minute for calls from the {src} to the {dst}",
+         f"international call rates {src} to {dst}", f"how much to phone {alias} from the {src}"],
+        {"section": "calls"})
+
+new_texts = [q["text"] for q in queries[OLD_QUERIES:]]
+assert len(set(new_texts)) == len(new_texts), "a query text of the later domains is repeated"
+assert not set(new_texts) & {q["text"] for q in queries[:OLD_QUERIES]}, "a later query repeats an earlier one"
 
 OUT.write_text(json.dumps({"docs": docs, "queries": queries}, indent=1) + "\n")
 print(f"{len(docs)} docs, {len(queries)} queries -> {OUT}")

@@ -38,6 +38,7 @@ class Features:
     roles: tuple[tuple[str, str], ...]  # (content word, role) for from/to/than/vs slots
     entities: frozenset[str]
     content: frozenset[str]
+    sequence: tuple[str, ...]  # the content words in order (minimal pairs)
 
 
 def stem(word: str) -> str:
@@ -94,6 +95,7 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
     directions: set[str] = set()
     entities: set[str] = set()
     content: set[str] = set()
+    sequence: list[str] = []
     roles: list[tuple[str, str]] = []
     negated = False
     role: str | None = None
@@ -138,6 +140,8 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
             role = lx.ROLE_MARKERS[low]
             if role == "to":
                 _implicit_source(roles, last_content)  # "Tokyo to Sydney": Tokyo is the source
+            elif role == "than" and last_content is not None:
+                directions.add(f"than:{last_content}")  # "younger than" != "older than": the comparison itself
             last_content = None
             continue
         last_content = None
@@ -168,6 +172,7 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
         if low in lx.STOPWORDS or c in lx.STOPWORDS:
             continue
         content.add(c)
+        sequence.append(c)
         last_content = c
         if role:
             roles.append((c, role))
@@ -175,7 +180,8 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
         if c in lx.GAZETTEER or c in vocab_set or (c not in lx.SYNONYM_TARGETS and _looks_like_name(tok, i, raw_tokens)):
             entities.add(c)
     return Features(quoted, frozenset(numbers), frozenset(units), frozenset(dates), negated,
-                    frozenset(directions), tuple(sorted(set(roles))), frozenset(entities), frozenset(content))
+                    frozenset(directions), tuple(sorted(set(roles))), frozenset(entities), frozenset(content),
+                    tuple(sequence))
 
 
 def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (),
@@ -200,6 +206,8 @@ def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (
     changed = a.content ^ b.content
     if changed & _canon_set(vocab if isinstance(vocab, frozenset) else frozenset(vocab)):
         return "filter"
+    if _minimal_pair(a.sequence, b.sequence):
+        return "swap"
     if content_overlap(a.content, b.content) < intent_floor and similarity < intent_free_above:
         return "intent"
     return None
@@ -230,6 +238,16 @@ def top_margin(scores: Sequence[float | None]) -> float | None:
 def content_overlap(a: frozenset[str], b: frozenset[str]) -> float:
     union = a | b
     return len(a & b) / len(union) if union else 1.0
+
+
+def _minimal_pair(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """The same content words in the same order but one, exchanged for a word that is not its
+    synonym ("regular" / "expedited delivery time to Brazil"): that word is the whole difference
+    between the queries, so it is a facet of the answer, not a rewording. Rewordings move words
+    around or change more than one."""
+    if len(a) != len(b) or len(a) < 3:
+        return False
+    return sum(x != y for x, y in zip(a, b, strict=True)) == 1
 
 
 def _roles_conflict(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> bool:

@@ -18,7 +18,8 @@ The rate search raises the rate by 25% per step (--step-seconds each, 20 s by de
 ragtoll and direct) until the worst per-kind p99 added latency reaches 10 ms; the soak then runs at
 --margin (0.8) of the last rate that passed, because seconds per step under-sample the p99 tail
 that minutes of load show (with 8 s steps, a three-process soak at 0.8 of the found rate still
-missed its p99). Pass/fail: RSS growth after warm-up <= 10%, no file descriptor growth, zero errors
+missed its p99). A soak that misses only the p99 target was not at a sustained rate: it runs again
+at --step-down (0.85) of its rate, up to --retries (1) times, and every attempt is reported. Pass/fail: RSS growth after warm-up <= 10%, no file descriptor growth, zero errors
 apart from the intended 429s, p99 added < 10 ms for every kind. Added latency = p99 through
 ragtoll minus p99 direct, per kind, same rate, same mix, latency counted from the scheduled send.
 Writes bench/results/soak.json.
@@ -408,6 +409,25 @@ def soak(procs: list[subprocess.Popen[bytes]], ports: list[int], up_port: int, r
     return out
 
 
+def sustained(procs: list[subprocess.Popen[bytes]], ports: list[int], up_port: int, rate: float,
+              args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Soak at `rate`; when only the p99 criterion fails, the rate was not sustained: step down by
+    --step-down and soak again (at most --retries times). Every attempt is kept in the results."""
+    attempts: list[dict[str, Any]] = []
+    for attempt in range(args.retries + 1):
+        if attempt:
+            rate = round(rate * args.step_down, 1)
+            print(f"  p99 over 10 ms at the previous rate: again at {rate:.0f} req/s", flush=True)
+        res = soak(procs, ports, up_port, rate, args.seconds)
+        print(json.dumps(res, indent=1), flush=True)
+        attempts.append({k: res[k] for k in ("rate", "added_p99_ms", "errors", "rss_growth_pct", "pass")})
+        only_p99 = (res["errors"] == 0 and all(g <= 10 for g in res["rss_growth_pct"])
+                    and all(e <= w for e, w in zip(res["fds_end"], res["fds_after_warmup"], strict=True)))
+        if res["pass"] or not only_p99:
+            break
+    return res, attempts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=600.0, help="soak length per phase (default 10 minutes)")
@@ -417,6 +437,9 @@ def main() -> None:
                     help="length of each rate-search step (8 s steps passed rates whose 10-minute p99 failed)")
     ap.add_argument("--margin", type=float, default=0.8,
                     help="soak at this share of the searched rate: short search steps under-sample the p99 tail")
+    ap.add_argument("--retries", type=int, default=1,
+                    help="soak again at a lower rate this many times when only the p99 target fails")
+    ap.add_argument("--step-down", type=float, default=0.85, help="rate factor of each such retry")
     ap.add_argument("--skip-multi", action="store_true", help="only the single-process phase")
     ap.add_argument("--skip-single", action="store_true", help="only the three-process phase")
     ap.add_argument("--idle-timeout", type=float, default=5.0, help="tasks.idle_timeout_s of the ragtoll processes")
@@ -454,8 +477,7 @@ def main() -> None:
                 rate = round(found * args.margin, 1)
                 results["rate_found"] = found
             print(f"soak: one process, memory store, {rate:.0f} req/s for {args.seconds:.0f} s", flush=True)
-            results["single"] = soak([rt], [rt_port], up_port, rate, args.seconds)
-            print(json.dumps(results["single"], indent=1), flush=True)
+            results["single"], results["single_attempts"] = sustained([rt], [rt_port], up_port, rate, args)
             rt.terminate()
             rt.wait(10)
             procs.remove(rt)
@@ -476,8 +498,8 @@ def main() -> None:
                 results["multi_rate_found"] = found
             print(f"soak: three processes sharing Redis, {multi_rate:.0f} req/s in all for {args.seconds:.0f} s",
                   flush=True)
-            results["multi"] = soak([p for p, _ in multi], multi_ports, up_port, multi_rate, args.seconds)
-            print(json.dumps(results["multi"], indent=1), flush=True)
+            results["multi"], results["multi_attempts"] = sustained([p for p, _ in multi], multi_ports, up_port,
+                                                                    multi_rate, args)
     finally:
         stop(procs)
         stop_all(redis_nodes)

@@ -94,8 +94,7 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
     dates: set[str] = set()
     directions: set[str] = set()
     entities: set[str] = set()
-    content: set[str] = set()
-    sequence: list[str] = []
+    sequence: list[str] = []  # the content words, in order
     roles: list[tuple[str, str]] = []
     negated = False
     role: str | None = None
@@ -171,7 +170,6 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
         prev_lower = low
         if low in lx.STOPWORDS or c in lx.STOPWORDS:
             continue
-        content.add(c)
         sequence.append(c)
         last_content = c
         if role:
@@ -180,7 +178,7 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
         if c in lx.GAZETTEER or c in vocab_set or (c not in lx.SYNONYM_TARGETS and _looks_like_name(tok, i, raw_tokens)):
             entities.add(c)
     return Features(quoted, frozenset(numbers), frozenset(units), frozenset(dates), negated,
-                    frozenset(directions), tuple(sorted(set(roles))), frozenset(entities), frozenset(content),
+                    frozenset(directions), tuple(sorted(set(roles))), frozenset(entities), frozenset(sequence),
                     tuple(sequence))
 
 

@@ -18,6 +18,7 @@ from opentelemetry.trace import TracerProvider
 
 from .config import Timeouts, UpstreamConfig
 from .errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from .netio import AsyncioBackend
 
 # Trace context leaves ragtoll only toward trusted upstreams; baggage never toward others.
 _CONTEXT_HEADERS = (b"traceparent", b"tracestate", b"baggage")
@@ -42,6 +43,16 @@ class _TrustFilter(httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
+    """httpx2's transport, its connection pool on ragtoll's asyncio backend (netio: one write per
+    request whose body is in memory, no event-loop turn per read or write)."""
+    transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
+    # httpx2 takes no backend argument; its pool (httpcore2.AsyncConnectionPool) does, and keeps it
+    # here. tests/proxy/test_netio.py checks on the wire that it is used.
+    transport._pool._network_backend = AsyncioBackend()  # type: ignore[attr-defined]
+    return transport
 
 
 def _origin(url: str) -> str:
@@ -72,7 +83,7 @@ class UpstreamClient:
                 max_connections=up.limits.max_connections,
                 max_keepalive_connections=up.limits.max_keepalive_connections,
             )
-            inner = _TrustFilter(httpx.AsyncHTTPTransport(limits=limits, trust_env=False))
+            inner = _TrustFilter(_transport(limits))
             # The instrumentation's own http.client.* metrics are off: they repeat what
             # gen_ai.client.operation.duration and ragtoll.proxy.overhead record, at a cost per call.
             mounts[origin + "/"] = AsyncOpenTelemetryTransportHttpx2(

@@ -5,8 +5,9 @@ bare Starlette + httpx / httpx2 pass-through floor, all in one run, measured alt
     python bench/bench_proxy.py --quick    # smoke run
 
 Prints added latency p50/p99 (target minus direct, per request kind), throughput with 32
-connections, streamed time-to-first-event and total, and ragtoll's RSS after N requests.
-Each server runs in its own process (uvicorn, uvloop + httptools, one worker).
+connections, streamed time-to-first-event and total (pooled over fresh launches of the proxies),
+and ragtoll's RSS after N requests. Each server runs in its own process (uvicorn, uvloop +
+httptools, one worker); each round of requests starts at a different target.
 """
 
 from __future__ import annotations
@@ -84,12 +85,20 @@ def task_header() -> dict[str, str]:
     return {"x-ragtoll-task-id": f"bench-{os.getpid()}-{_calls // CALLS_PER_TASK}"}
 
 
+def rotated(targets: dict[str, tuple[int, str]], i: int) -> list[tuple[str, str]]:
+    """(name, prefix) of every target, starting at a different one each round: no target always
+    follows the same other one (a request's cost depends on what ran just before it)."""
+    names = list(targets)
+    k = i % len(names)
+    return [(name, targets[name][1]) for name in names[k:] + names[:k]]
+
+
 async def latency(targets: dict[str, tuple[int, str]], path_kind: str, body: bytes, n: int) -> dict[str, list[float]]:
     conns = {name: Conn("127.0.0.1", port) for name, (port, _) in targets.items()}
     out: dict[str, list[float]] = {name: [] for name in targets}
     for i in range(n + 50):
         headers = task_header()
-        for name, (port, prefix) in targets.items():  # alternate targets request by request
+        for name, prefix in rotated(targets, i):  # alternate targets request by request
             t = await conns[name].request("POST", prefix + path_kind, body, headers)
             assert t.status == 200, (name, t.status)
             if i >= 50:  # warm-up
@@ -104,7 +113,7 @@ async def streaming(targets: dict[str, tuple[int, str]], n: int) -> dict[str, tu
     conns = {name: Conn("127.0.0.1", port) for name, (port, _) in targets.items()}
     for i in range(n + 5):
         headers = task_header()
-        for name, (_port, prefix) in targets.items():
+        for name, prefix in rotated(targets, i):
             t = await conns[name].stream_first_byte(prefix + "/v1/chat/completions", STREAM, headers)
             if i >= 5:
                 out[name][0].append(t.first_byte_s * 1000)
@@ -120,18 +129,18 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=3000, help="latency samples per target and kind")
     ap.add_argument("--seconds", type=float, default=8.0, help="throughput window per target")
     ap.add_argument("--rss-requests", type=int, default=100_000)
+    ap.add_argument("--stream-samples", type=int, default=300, help="streamed calls per target, over all launches")
+    ap.add_argument("--stream-launches", type=int, default=3, help="fresh launches of the proxies for the stream phase")
     ap.add_argument("--no-export", action="store_true", help="tracing on but nothing exported (diagnosis)")
     args = ap.parse_args()
     if args.quick:
-        args.requests, args.seconds, args.rss_requests = 300, 2.0, 5000
+        args.requests, args.seconds, args.rss_requests, args.stream_samples = 300, 2.0, 5000, 60
     procs: list[subprocess.Popen[bytes]] = []
     try:
         up_port = free_port()
         procs.append(uvicorn_proc("upstream_app:app", up_port))
         upstream = f"http://127.0.0.1:{up_port}"
         floor_port, floor2_port, rt_port = free_port(), free_port(), free_port()
-        procs.append(uvicorn_proc("floor_app:app", floor_port, {"FLOOR_CLIENT": "httpx", "FLOOR_UPSTREAM": upstream}))
-        procs.append(uvicorn_proc("floor_app:app", floor2_port, {"FLOOR_CLIENT": "httpx2", "FLOOR_UPSTREAM": upstream}))
         cfg = Path(tempfile.mkdtemp()) / "ragtoll.yaml"
         cfg.write_text(json.dumps({
             "server": {"host": "127.0.0.1", "port": rt_port},
@@ -149,9 +158,17 @@ def main() -> None:
         env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": upstream, "OTEL_METRICS_EXPORTER": "none"}
         if args.no_export:
             env["OTEL_TRACES_EXPORTER"] = "none"
-        rt = subprocess.Popen([sys.executable, "-m", "ragtoll.proxy", "serve", "--config", str(cfg)], env=env)
-        procs.append(rt)
-        wait_port(rt_port, rt)
+
+        def start_proxies() -> subprocess.Popen[bytes]:
+            """The two floors and ragtoll, in fresh processes; returns ragtoll's."""
+            procs.append(uvicorn_proc("floor_app:app", floor_port, {"FLOOR_CLIENT": "httpx", "FLOOR_UPSTREAM": upstream}))
+            procs.append(uvicorn_proc("floor_app:app", floor2_port, {"FLOOR_CLIENT": "httpx2", "FLOOR_UPSTREAM": upstream}))
+            rt = subprocess.Popen([sys.executable, "-m", "ragtoll.proxy", "serve", "--config", str(cfg)], env=env)
+            procs.append(rt)
+            wait_port(rt_port, rt)
+            return rt
+
+        rt = start_proxies()
         chat_targets = {"direct": (up_port, ""), "floor-httpx": (floor_port, "/p"),
                         "floor-httpx2": (floor2_port, "/p"), "ragtoll": (rt_port, "/openai")}
         search_targets = {"direct": (up_port, ""), "floor-httpx": (floor_port, "/p"),
@@ -159,7 +176,19 @@ def main() -> None:
         results: dict[str, object] = {}
         chat = asyncio.run(latency(chat_targets, "/v1/chat/completions", CHAT, args.requests))
         search = asyncio.run(latency(search_targets, "/search", SEARCH, args.requests))
-        stream = asyncio.run(streaming(chat_targets, max(50, args.requests // 20)))
+        # Streamed calls arrive at an idle process, where the cost of a request depends on the
+        # process itself: two launches of the same build differ by up to ~0.5 ms in this phase
+        # (measured). So the samples are spread over several fresh launches of every proxy.
+        stream: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in chat_targets}
+        for launch in range(args.stream_launches):
+            if launch:
+                stop(procs[1:])
+                del procs[1:]
+                rt = start_proxies()
+            part = asyncio.run(streaming(chat_targets, -(-args.stream_samples // args.stream_launches)))
+            for name, (first, total) in part.items():
+                stream[name][0].extend(first)
+                stream[name][1].extend(total)
         rps: dict[str, float] = {}
         for name, (port, prefix) in chat_targets.items():
             done, errors = asyncio.run(throughput("127.0.0.1", port, prefix + "/v1/chat/completions", CHAT,

@@ -37,6 +37,8 @@ from httpcore2._utils import is_socket_readable
 
 # Reading pauses while this much received data waits for httpcore to ask for it.
 _PAUSE_READING_AT = 1 << 20
+# Writes are held for the rest of the event-loop turn only up to this much, then handed over.
+_HOLD_AT_MOST = 1 << 16
 
 
 class _Protocol(asyncio.Protocol):
@@ -45,6 +47,7 @@ class _Protocol(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.chunks: deque[bytes] = deque()
+        self.offset = 0  # into chunks[0]: what of it was already read
         self.buffered = 0
         self.eof = False
         self.error: BaseException | None = None  # the connection was lost with this
@@ -87,10 +90,17 @@ class _Protocol(asyncio.Protocol):
             self.reader.set_result(None)
 
     def take(self, max_bytes: int) -> bytes:
-        chunk = self.chunks.popleft()
-        if len(chunk) > max_bytes:
-            chunk, rest = chunk[:max_bytes], chunk[max_bytes:]
-            self.chunks.appendleft(rest)
+        """Up to `max_bytes` of the oldest received data. A received chunk larger than that is
+        handed out in pieces from an offset: only the piece returned is copied."""
+        head = self.chunks[0]
+        if self.offset == 0 and len(head) <= max_bytes:
+            chunk = self.chunks.popleft()
+        else:
+            chunk = head[self.offset:self.offset + max_bytes]
+            self.offset += len(chunk)
+            if self.offset == len(head):
+                self.chunks.popleft()
+                self.offset = 0
         self.buffered -= len(chunk)
         if self.reading_paused and self.buffered < _PAUSE_READING_AT // 2 and self.transport is not None:
             self.reading_paused = False
@@ -126,6 +136,7 @@ class AsyncioStream(AsyncNetworkStream):
         self._transport = transport
         self._protocol = protocol
         self._held: list[bytes] = []  # writes of this loop turn, not yet handed to the transport
+        self._held_bytes = 0
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         self._flush()
@@ -151,6 +162,9 @@ class AsyncioStream(AsyncNetworkStream):
         if not self._held:
             asyncio.get_running_loop().call_soon(self._flush)
         self._held.append(buffer)
+        self._held_bytes += len(buffer)
+        if self._held_bytes >= _HOLD_AT_MOST:
+            self._flush()
         if p.writing_paused:  # the peer is not reading: hand over what is held and wait
             self._flush()
             p.drain = asyncio.get_running_loop().create_future()
@@ -165,6 +179,7 @@ class AsyncioStream(AsyncNetworkStream):
         if self._held:
             data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
             self._held.clear()
+            self._held_bytes = 0
             if not self._transport.is_closing():
                 self._transport.write(data)
 

@@ -1,8 +1,9 @@
 """The upstream side: one pooled HTTP client, trust-aware propagation, and error mapping.
 
 The only module that imports the HTTP client library (`httpx2`, the API-compatible httpx fork the
-OpenAI SDK uses; it measured about half httpx's CPU per proxied call, see bench/). Every client
-exception is mapped to a ragtoll error here, also while a response body streams.
+OpenAI SDK uses; it measured about half httpx's CPU per proxied call, see bench/); its sockets are
+netio's. Every client exception is mapped to a ragtoll error here, also while a response body
+streams.
 """
 
 from __future__ import annotations

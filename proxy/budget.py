@@ -173,33 +173,38 @@ def used_value(dim: str, ledger: Ledger, charge: Charge | None, now_ms: int) -> 
 
 def remaining(limits: Mapping[str, int], ledger: Ledger, charge: Charge | None, now_ms: int) -> dict[str, float]:
     """What is left per limited dimension, in user units (never negative)."""
-    out: dict[str, float] = {}
-    for dim in DIMENSIONS:
-        limit = limits.get(dim)
-        if limit is None:
-            continue
-        if dim == "max_prompt_tokens":
-            out[dim] = limit  # a per-call ceiling: every call may use this much
-            continue
-        lim = usd(limit) if dim == "max_cost_usd" else limit
-        out[dim] = max(0.0, lim - used_value(dim, ledger, charge, now_ms)) if dim == "max_cost_usd" else \
-            max(0, int(lim - used_value(dim, ledger, charge, now_ms)))
-    return out
+    return standing(limits, ledger, charge, now_ms, math.inf)[0]
 
 
 def warnings(limits: Mapping[str, int], ledger: Ledger, charge: Charge | None, now_ms: int,
              fraction: float) -> dict[str, float]:
     """Dimensions whose use has reached `fraction` of the limit -> used fraction (0..1+)."""
-    out: dict[str, float] = {}
+    return standing(limits, ledger, charge, now_ms, fraction)[1]
+
+
+def standing(limits: Mapping[str, int], ledger: Ledger, charge: Charge | None, now_ms: int,
+             fraction: float) -> tuple[dict[str, float], dict[str, float]]:
+    """What is left per limited dimension (`remaining`) and the dimensions whose use has reached
+    `fraction` of their limit (`warnings`), in one pass over the dimensions."""
+    left: dict[str, float] = {}
+    warn: dict[str, float] = {}
     for dim in DIMENSIONS:
         limit = limits.get(dim)
-        if limit is None or limit <= 0 or dim == "max_prompt_tokens":
+        if limit is None:
             continue
-        lim = usd(limit) if dim == "max_cost_usd" else limit
-        share = used_value(dim, ledger, charge, now_ms) / lim
-        if share >= fraction:
-            out[dim] = share
-    return out
+        if dim == "max_prompt_tokens":
+            left[dim] = limit  # a per-call ceiling: every call may use this much
+            continue
+        used = used_value(dim, ledger, charge, now_ms)
+        if dim == "max_cost_usd":
+            lim: float = usd(limit)
+            left[dim] = max(0.0, lim - used)
+        else:
+            lim = limit
+            left[dim] = max(0, int(lim - used))
+        if limit > 0 and used / lim >= fraction:
+            warn[dim] = used / lim
+    return left, warn
 
 
 def sf_dictionary(values: Mapping[str, float]) -> bytes:

@@ -11,7 +11,6 @@ failure domain (`Store.failure_domain`: on Redis Cluster, the node that owns the
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import os
 import re
@@ -26,7 +25,7 @@ from ragtoll.instrumentation import semconv as sc
 from .. import budget as bm
 from ..budget import Actual, Charge, Ledger, Reservation, Selection
 from ..classifier import classify as _classify
-from ..config import Profile, Settings
+from ..config import Profile, Settings, Timeouts
 from ..errors import BudgetExceeded, StoreUnavailable
 from ..evidence_track import evidence_header
 from ..pipeline import Exchange, Reply
@@ -93,6 +92,7 @@ class BudgetStage:
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
         self._profiles: OrderedDict[str, Selection] = OrderedDict()
         self._down_until: dict[str, int] = {}  # failure domain -> wall ms until which its store is skipped
+        self._units: dict[str, dict[str, int]] = {}  # profile -> its limits in internal units
 
     # --- before forwarding ------------------------------------------------------------------------
 
@@ -175,11 +175,13 @@ class BudgetStage:
             self._profiles.popitem(last=False)
 
     def _limits(self, profile: str, baggage: dict[str, str], task_id: str, now_ms: int) -> tuple[dict[str, int], list[str]]:
-        raises: dict[str, float] = {}
-        notes: list[str] = []
-        if any(k.startswith(bm.BAGGAGE_PREFIX) for k in baggage):
-            raises, sig_notes = verify_budget_baggage(baggage, task_id, self.hmac_key, now_ms / 1000)
-            notes.extend(sig_notes)
+        """The call's limits in internal units (never mutated by callers) and notes on its baggage."""
+        if not any(k.startswith(bm.BAGGAGE_PREFIX) for k in baggage):
+            units = self._units.get(profile)  # no budget baggage: the profile's own limits
+            if units is None:
+                units = self._units[profile] = bm.to_units(self._profile(profile).limits())
+            return units, []
+        raises, notes = verify_budget_baggage(baggage, task_id, self.hmac_key, now_ms / 1000)
         limits, lim_notes = bm.effective_limits(self._profile(profile), baggage, raises)
         return bm.to_units(limits), notes + lim_notes
 
@@ -231,10 +233,9 @@ class BudgetStage:
                  now: int) -> tuple[dict[str, Any], dict[str, float]]:
         """The budget response headers; returns what is left and the warnings, for the span."""
         charged = charge if d.admitted else None
-        left = bm.remaining(ticket.limits, d.ledger, charged, now)
+        left, warn = bm.standing(ticket.limits, d.ledger, charged, now, self.cfg.warn_fraction)
         if left:
             ex.response_headers.append((REMAINING_HEADER, bm.sf_dictionary(left)))
-        warn = bm.warnings(ticket.limits, d.ledger, charged, now, self.cfg.warn_fraction)
         if warn:
             ex.response_headers.append((WARNING_HEADER, bm.sf_dictionary({k: round(v, 3) for k, v in warn.items()})))
         if ticket.shadow and d.dimension:
@@ -314,8 +315,8 @@ class BudgetStage:
             ticket.deadline_ms = ledger.started_ms + deadline
             left_s = max(0.001, (ticket.deadline_ms - now) / 1000)
             t = ex.timeouts or ex.route.upstream.timeouts
-            ex.timeouts = dataclasses.replace(t, connect=min(t.connect, left_s), read=min(t.read, left_s),
-                                              write=min(t.write, left_s), pool=min(t.pool, left_s))
+            ex.timeouts = Timeouts(min(t.connect, left_s), min(t.read, left_s), min(t.write, left_s),
+                                   min(t.pool, left_s))
         if not ex.call.stream or charge.completion_reserve <= 0:
             return
         comp = limits.get("max_completion_tokens")

@@ -93,6 +93,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     from .app import build_app
     from .config import Settings
+    from .server import http_protocol
 
     settings = _load(args.config)
     assert isinstance(settings, Settings)
@@ -115,7 +116,8 @@ def _serve(args: argparse.Namespace) -> int:
     print(f"ragtoll listening on http://{server.host}:{server.port} "
           f"({len(settings.upstreams)} upstream(s), store {settings.store})", file=sys.stderr)
     uvicorn.run(
-        app, host=server.host, port=server.port, loop="auto", http="auto",
+        # uvicorn's HTTP/1.1 protocol (httptools) with a response head sent with the first body bytes
+        app, host=server.host, port=server.port, loop="auto", http=http_protocol(),
         access_log=server.access_log, log_level="warning", lifespan="on",
         proxy_headers=False, server_header=False, date_header=False,
     )

@@ -18,11 +18,17 @@ class ThreadServer(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, *, lifespan: str = "on", http: str = "httptools") -> Iterator[str]:
+def serve_in_thread(app: Any, *, lifespan: str = "on", http: Any = None) -> Iterator[str]:
     """Serve `app` on 127.0.0.1:<free port>; yields the base URL; stops the server on exit.
 
-    No `server`/`date` headers of uvicorn's own, as `ragtoll serve` runs it: a proxied response
-    then carries exactly the upstream's headers plus ragtoll's."""
+    ragtoll's app is served as `ragtoll serve` runs it: on ragtoll's HTTP protocol (its response
+    writes held for the turn), with no `server`/`date` headers of uvicorn's own, so a proxied
+    response carries exactly the upstream's headers plus ragtoll's. Other apps get httptools."""
+    if http is None:
+        from ragtoll.proxy.app import RagtollApp
+        from ragtoll.proxy.server import http_protocol
+
+        http = http_protocol() if isinstance(app, RagtollApp) else "httptools"
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan=lifespan,
                             http=http, loop="asyncio", timeout_graceful_shutdown=2,
                             server_header=False, date_header=False)

@@ -1,9 +1,9 @@
 """The upstream side: one pooled HTTP client, trust-aware propagation, and error mapping.
 
-The only module that imports the HTTP client library (`httpx2`, the API-compatible httpx fork the
-OpenAI SDK uses; it measured about half httpx's CPU per proxied call, see bench/); its sockets are
-netio's. Every client exception is mapped to a ragtoll error here, also while a response body
-streams.
+The only module that uses the HTTP client (`httpx2`, the API-compatible httpx fork the OpenAI SDK
+uses; it measured about half httpx's CPU per proxied call, see bench/); under it, each origin's
+transport is pool.py's connection pool on netio's sockets. Every client exception is mapped to a
+ragtoll error here, also while a response body streams.
 """
 
 from __future__ import annotations
@@ -19,41 +19,11 @@ from opentelemetry.trace import TracerProvider
 
 from .config import Timeouts, UpstreamConfig
 from .errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from .netio import AsyncioBackend
+from .pool import DROP_HEADERS, ConnectionPool
 
-# Trace context leaves ragtoll only toward trusted upstreams; baggage never toward others.
-_CONTEXT_HEADERS = (b"traceparent", b"tracestate", b"baggage")
-_TRUSTED = "ragtoll.trusted"
-
-
-class _TrustFilter(httpx.AsyncBaseTransport):
-    """Innermost transport: drops trace context headers on requests to untrusted upstreams.
-
-    It sits under the OpenTelemetry transport so it also removes what that transport injected.
-    """
-
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-        self._inner = inner
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if not request.extensions.get(_TRUSTED):
-            for name in _CONTEXT_HEADERS:
-                if name.decode() in request.headers:
-                    del request.headers[name.decode()]
-        return await self._inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-def _transport(limits: httpx.Limits) -> httpx.AsyncHTTPTransport:
-    """httpx2's transport, its connection pool on ragtoll's asyncio backend (netio: one write per
-    request whose body is in memory, no event-loop turn per read or write)."""
-    transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
-    # httpx2 takes no backend argument; its pool (httpcore2.AsyncConnectionPool) does, and keeps it
-    # here. tests/proxy/test_netio.py checks on the wire that it is used.
-    transport._pool._network_backend = AsyncioBackend()  # type: ignore[attr-defined]
-    return transport
+# Trace context leaves ragtoll only toward trusted upstreams; baggage never toward others. The pool
+# drops them from the request as it goes out, so this also removes what the OTel transport injected.
+_CONTEXT_HEADERS = frozenset({b"traceparent", b"tracestate", b"baggage"})
 
 
 def _origin(url: str) -> str:
@@ -84,11 +54,10 @@ class UpstreamClient:
                 max_connections=up.limits.max_connections,
                 max_keepalive_connections=up.limits.max_keepalive_connections,
             )
-            inner = _TrustFilter(_transport(limits))
             # The instrumentation's own http.client.* metrics are off: they repeat what
             # gen_ai.client.operation.duration and ragtoll.proxy.overhead record, at a cost per call.
             mounts[origin + "/"] = AsyncOpenTelemetryTransportHttpx2(
-                inner, tracer_provider=tracer_provider, meter_provider=NoOpMeterProvider()
+                ConnectionPool(limits), tracer_provider=tracer_provider, meter_provider=NoOpMeterProvider()
             )
         # Never remember cookies: a proxy must not carry one caller's Set-Cookie to another.
         jar = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
@@ -122,7 +91,8 @@ class UpstreamClient:
             # A Request made directly, not by build_request: the client has no base URL, default
             # headers or cookies to merge, and the URL of a path seen before is not parsed again.
             request = httpx.Request(method, self._url(upstream.url, target), headers=headers, content=body,
-                                    extensions={"timeout": timeout, _TRUSTED: upstream.trusted})
+                                    extensions={"timeout": timeout, DROP_HEADERS: None if upstream.trusted
+                                                else _CONTEXT_HEADERS})
             response = await self._client.send(request, stream=True)
         return UpstreamResponse(response, upstream.name)
 

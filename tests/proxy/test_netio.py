@@ -1,7 +1,7 @@
 """netio, the upstream client's asyncio network backend, on real loopback sockets (plain and TLS).
 
-A raw asyncio HTTP/1.1 server records every `data_received` call, so the tests see how the request
-left the client: one write, or a head and a body.
+A raw asyncio HTTP/1.1 server (tests/support/raw_http.py) records every `data_received` call, so
+the tests see how the request left the client: one write, or a head and a body.
 """
 
 from __future__ import annotations
@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ssl
-import threading
-from collections.abc import AsyncIterator, Callable
-from typing import Self
+from collections.abc import AsyncIterator
 
 import httpcore2
 import pytest
@@ -19,103 +17,7 @@ import trustme
 from ragtoll.proxy.config import Timeouts, UpstreamConfig
 from ragtoll.proxy.netio import AsyncioBackend, AsyncioStream
 from ragtoll.proxy.upstream import UpstreamClient
-
-Respond = Callable[[bytes, bytes], bytes]  # (head, body) -> the raw response
-
-
-def _ok(head: bytes, body: bytes) -> bytes:
-    payload = b"got %d bytes, sha %s" % (len(body), hashlib.sha256(body).hexdigest().encode())
-    return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload)
-
-
-class RawServer(asyncio.Protocol):
-    """Parses Content-Length requests; answers each with `respond`; optionally closes after it."""
-
-    def __init__(self, respond: Respond, recvs: list[bytes], heads: threading.Event, close_after: bool) -> None:
-        self.respond, self.recvs, self.heads, self.close_after = respond, recvs, heads, close_after
-        self.buffer = b""
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        self.recvs.append(data)
-        self.buffer += data
-        while b"\r\n\r\n" in self.buffer:
-            head, _, rest = self.buffer.partition(b"\r\n\r\n")
-            self.heads.set()
-            fields = dict(line.lower().partition(b":")[::2] for line in head.split(b"\r\n")[1:])
-            if fields.get(b"transfer-encoding", b"").strip() == b"chunked":
-                body, rest = _dechunk(rest)
-                if body is None:
-                    return
-            else:
-                length = int(fields.get(b"content-length", b"0"))
-                if len(rest) < length:
-                    return
-                body, rest = rest[:length], rest[length:]
-            self.buffer = rest
-            answer = self.respond(head, body)
-            if answer:
-                self.transport.write(answer)  # type: ignore[union-attr]
-            if self.close_after:
-                self.transport.close()  # type: ignore[union-attr]
-                return
-
-
-def _dechunk(data: bytes) -> tuple[bytes | None, bytes]:
-    """A whole chunked body and what follows it, or (None, data) while it is incomplete."""
-    body, pos = b"", 0
-    while True:
-        end = data.find(b"\r\n", pos)
-        if end < 0:
-            return None, data
-        size = int(data[pos:end].split(b";")[0], 16)
-        if len(data) < end + 2 + size + 2:
-            return None, data
-        if size == 0:
-            return body, data[end + 4:]
-        body += data[end + 2:end + 2 + size]
-        pos = end + 2 + size + 2
-
-
-class Server:
-    """The raw server on its own event loop in a thread, so it reads each segment as it arrives."""
-
-    def __init__(self, respond: Respond = _ok, *, tls: ssl.SSLContext | None = None, close_after: bool = False):
-        self.respond, self.tls, self.close_after = respond, tls, close_after
-        self.recvs: list[bytes] = []
-        self.connections = 0
-        self.heads = threading.Event()
-        self._protocols: list[RawServer] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-
-    def _factory(self) -> RawServer:
-        self.connections += 1
-        self._protocols.append(RawServer(self.respond, self.recvs, self.heads, self.close_after))
-        return self._protocols[-1]
-
-    async def __aenter__(self) -> Self:
-        self._thread.start()
-        start = self._loop.create_server(self._factory, "127.0.0.1", 0, ssl=self.tls)
-        self.server = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(start, self._loop))
-        self.port = self.server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        def close() -> None:
-            self.server.close()
-            for protocol in self._protocols:
-                if protocol.transport is not None:  # None: its TLS handshake failed
-                    protocol.transport.close()
-            self._loop.call_soon(self._loop.stop)  # after the transports' close callbacks
-
-        self._loop.call_soon_threadsafe(close)
-        await asyncio.to_thread(self._thread.join, 5)
-        self._loop.close()
-
+from support.raw_http import Server
 
 def _upstream(url: str, read: float = 5.0) -> UpstreamConfig:
     return UpstreamConfig(name="raw", kind="retrieval", url=url, timeouts=Timeouts(connect=2, read=read, write=5, pool=2))

@@ -5,8 +5,8 @@ bare Starlette + httpx / httpx2 pass-through floor, all in one run, measured alt
     python bench/bench_proxy.py --quick    # smoke run
 
 Prints added latency p50/p99 (target minus direct, per request kind), throughput with 32
-connections, streamed time-to-first-event and total (pooled over fresh launches of the proxies),
-and ragtoll's RSS after N requests. Each server runs in its own process (uvicorn, uvloop +
+connections, a streamed call's time to its status line, first event and end (pooled over fresh
+launches of the proxies), and ragtoll's RSS after N requests. Each server runs in its own process (uvicorn, uvloop +
 httptools, one worker); each round of requests visits the targets in a new random order.
 """
 
@@ -114,8 +114,10 @@ async def latency(targets: dict[str, tuple[int, str]], path_kind: str, body: byt
     return out
 
 
-async def streaming(targets: dict[str, tuple[int, str]], n: int) -> dict[str, tuple[list[float], list[float]]]:
-    out: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in targets}
+async def streaming(targets: dict[str, tuple[int, str]], n: int
+                    ) -> dict[str, tuple[list[float], list[float], list[float]]]:
+    """Per target: time to the first event, to the end, and to the status line (the first byte)."""
+    out: dict[str, tuple[list[float], list[float], list[float]]] = {name: ([], [], []) for name in targets}
     conns = {name: Conn("127.0.0.1", port) for name, (port, _) in targets.items()}
     for i in range(n + 5):
         headers = task_header()
@@ -124,6 +126,7 @@ async def streaming(targets: dict[str, tuple[int, str]], n: int) -> dict[str, tu
             if i >= 5:
                 out[name][0].append(t.first_byte_s * 1000)
                 out[name][1].append(t.total_s * 1000)
+                out[name][2].append(t.head_s * 1000)
     for c in conns.values():
         await c.close()
     return out
@@ -185,16 +188,18 @@ def main() -> None:
         # Streamed calls arrive at an idle process, where the cost of a request depends on the
         # process itself: two launches of the same build differ by up to ~0.5 ms in this phase
         # (measured). So the samples are spread over several fresh launches of every proxy.
-        stream: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in chat_targets}
+        stream: dict[str, tuple[list[float], list[float], list[float]]] = {name: ([], [], [])
+                                                                           for name in chat_targets}
         for launch in range(args.stream_launches):
             if launch:
                 stop(procs[1:])
                 del procs[1:]
                 rt = start_proxies()
             part = asyncio.run(streaming(chat_targets, -(-args.stream_samples // args.stream_launches)))
-            for name, (first, total) in part.items():
+            for name, (first, total, head) in part.items():
                 stream[name][0].extend(first)
                 stream[name][1].extend(total)
+                stream[name][2].extend(head)
         rps: dict[str, float] = {}
         for name, (port, prefix) in chat_targets.items():
             done, errors = asyncio.run(throughput("127.0.0.1", port, prefix + "/v1/chat/completions", CHAT,
@@ -207,7 +212,7 @@ def main() -> None:
         rss_after = rss_mb(rt.pid)
         print(f"\nragtoll proxy core benchmark ({'quick' if args.quick else 'full'}; {args.requests} samples/kind)")
         print(f"{'target':<14}{'chat +p50':>10}{'chat +p99':>10}{'search +p50':>12}{'search +p99':>12}"
-              f"{'req/s':>8}{'ttfb p50':>10}{'stream p50':>11}")
+              f"{'req/s':>8}{'head p50':>10}{'event p50':>11}{'stream p50':>11}")
         d_chat, d_search = chat["direct"], search["direct"]
         for name in chat_targets:
             row = (f"{name:<14}"
@@ -215,16 +220,18 @@ def main() -> None:
                    f"{pct(chat[name], 99) - pct(d_chat, 99):>10.3f}"
                    f"{statistics.median(search[name]) - statistics.median(d_search):>12.3f}"
                    f"{pct(search[name], 99) - pct(d_search, 99):>12.3f}"
-                   f"{rps[name]:>8.0f}"
-                   f"{statistics.median(stream[name][0]):>10.3f}{statistics.median(stream[name][1]):>11.3f}")
+                   f"{rps[name]:>8.0f}{statistics.median(stream[name][2]):>10.3f}"
+                   f"{statistics.median(stream[name][0]):>11.3f}{statistics.median(stream[name][1]):>11.3f}")
             print(row)
             results[name] = {"chat_added_p50_ms": statistics.median(chat[name]) - statistics.median(d_chat),
                              "chat_added_p99_ms": pct(chat[name], 99) - pct(d_chat, 99),
                              "search_added_p50_ms": statistics.median(search[name]) - statistics.median(d_search),
                              "search_added_p99_ms": pct(search[name], 99) - pct(d_search, 99),
-                             "rps": rps[name], "ttfb_p50_ms": statistics.median(stream[name][0]),
+                             "rps": rps[name], "head_p50_ms": statistics.median(stream[name][2]),
+                             "first_event_p50_ms": statistics.median(stream[name][0]),
                              "stream_total_p50_ms": statistics.median(stream[name][1])}
-        print(f"(latencies in ms, added over direct; direct chat p50 {statistics.median(d_chat):.3f} ms)")
+        print(f"(latencies in ms, added over direct; direct chat p50 {statistics.median(d_chat):.3f} ms; "
+              "head, event and stream p50 are a streamed call's times to its status line, first event and end)")
         print(f"ragtoll RSS: {rss_before:.1f} MB before, {rss_after:.1f} MB after {args.rss_requests} more requests "
               f"({errors} errors)")
         results["rss_mb_after"] = rss_after

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 @dataclass
 class Timing:
     status: int
-    first_byte_s: float
+    first_byte_s: float  # request(): the status line; stream_first_byte(): the first event
     total_s: float
+    head_s: float = 0.0  # stream_first_byte(): the status line (the first byte of the response)
 
 
 class Conn:
@@ -70,6 +71,7 @@ class Conn:
         t0 = time.perf_counter()
         self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
         status = int((await self.reader.readline()).split(b" ", 2)[1])
+        t_head = time.perf_counter() - t0
         while (await self.reader.readline()) not in (b"\r\n", b""):
             pass
         first = None
@@ -80,7 +82,7 @@ class Conn:
                 first = time.perf_counter() - t0
             if size == 0:
                 break
-        return Timing(status, first or 0.0, time.perf_counter() - t0)
+        return Timing(status, first or 0.0, time.perf_counter() - t0, t_head)
 
     async def close(self) -> None:
         if self.writer is not None:

@@ -231,7 +231,7 @@ def main() -> None:
                              "first_event_p50_ms": statistics.median(stream[name][0]),
                              "stream_total_p50_ms": statistics.median(stream[name][1])}
         print(f"(latencies in ms, added over direct; direct chat p50 {statistics.median(d_chat):.3f} ms; "
-              "head, event and stream p50 are a streamed call's times to its status line, first event and end)")
+              "head, event and stream p50 are a streamed call's whole times to its status line, first event and end)")
         print(f"ragtoll RSS: {rss_before:.1f} MB before, {rss_after:.1f} MB after {args.rss_requests} more requests "
               f"({errors} errors)")
         results["rss_mb_after"] = rss_after
@@ -239,7 +239,8 @@ def main() -> None:
         out.mkdir(exist_ok=True)
         (out / "proxy.json").write_text(json.dumps(results, indent=2))
     finally:
-        stop(procs)
+        stop(procs[1:])  # the proxies first: ragtoll flushes its spans to the upstream's OTLP sink
+        stop(procs[:1])
 
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -169,7 +169,9 @@ def test_closed_store_outage_is_a_prompt_503(proxy: ProxyFactory, faulty: Faulty
 def start_replicated_cluster(masters: int = 3) -> tuple[list[RedisProcess], list[RedisProcess]]:
     """`masters` masters, each with one replica, on loopback ports whose bus ports are free."""
     args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000",
-            "--appendonly", "yes", "--appendfsync", "always"]
+            "--appendonly", "yes", "--appendfsync", "always",
+            # a master waits 5 s by default before a diskless full sync, to batch replicas
+            "--repl-diskless-sync-delay", "0"]
     nodes: list[RedisProcess] = []
     try:
         for _ in range(masters * 2):
@@ -183,7 +185,9 @@ def start_replicated_cluster(masters: int = 3) -> tuple[list[RedisProcess], list
                           for c in clients), "nodes did not meet")
         for i in range(masters):
             clients[masters + i].execute_command("CLUSTER REPLICATE", clients[i].execute_command("CLUSTER MYID"))
-        _wait(lambda: all(c.info("replication").get("connected_slaves") == 1 for c in clients[:masters])
+        # a replica counts as connected while its first sync is still pending: wait for the sync
+        # itself, since a replica that never synced is not eligible to fail over
+        _wait(lambda: all(c.info("replication").get("master_link_status") == "up" for c in clients[masters:])
               and all(_info(c.execute_command("CLUSTER INFO")).get("cluster_state") == "ok" for c in clients),
               "replicas did not sync")
         for c in clients:

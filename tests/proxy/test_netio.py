@@ -13,11 +13,11 @@ from collections.abc import AsyncIterator
 
 import httpcore2
 import pytest
-import trustme
 from ragtoll.proxy.config import Timeouts, UpstreamConfig
 from ragtoll.proxy.netio import AsyncioBackend, AsyncioStream
 from ragtoll.proxy.upstream import UpstreamClient
-from support.raw_http import Server
+from support.raw_http import Server, localhost_tls
+
 
 def _upstream(url: str, read: float = 5.0) -> UpstreamConfig:
     return UpstreamConfig(name="raw", kind="retrieval", url=url, timeouts=Timeouts(connect=2, read=read, write=5, pool=2))
@@ -128,11 +128,7 @@ async def test_a_refused_connection_is_a_connect_error() -> None:
 
 
 async def test_tls_upstream_verified_against_its_ca() -> None:
-    ca = trustme.CA()
-    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("localhost").configure_cert(server_ctx)
-    trusting = ssl.create_default_context()
-    ca.configure_trust(trusting)
+    server_ctx, trusting = localhost_tls()
     async with Server(tls=server_ctx) as server:
         url = f"https://localhost:{server.port}/search"
         pool = httpcore2.AsyncConnectionPool(ssl_context=trusting, network_backend=AsyncioBackend())

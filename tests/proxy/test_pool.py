@@ -5,13 +5,11 @@ TLS, and the headers it keeps from untrusted upstreams."""
 from __future__ import annotations
 
 import asyncio
-import ssl
 
 import httpx2
 import pytest
-import trustme
 from ragtoll.proxy.pool import DROP_HEADERS, ConnectionPool
-from support.raw_http import Server, ok
+from support.raw_http import Server, localhost_tls, ok
 
 
 def slow(seconds: float):  # type: ignore[no-untyped-def]
@@ -171,11 +169,7 @@ async def test_headers_named_by_the_drop_extension_are_not_sent() -> None:
 
 
 async def test_tls_upstream_verified_against_its_ca() -> None:
-    ca = trustme.CA()
-    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("localhost").configure_cert(server_ctx)
-    trusting = ssl.create_default_context()
-    ca.configure_trust(trusting)
+    server_ctx, trusting = localhost_tls()
     async with Server(tls=server_ctx) as server:
         url = f"https://localhost:{server.port}/search"
         async with httpx2.AsyncClient(transport=ConnectionPool(httpx2.Limits(), ssl_context=trusting)) as c:

@@ -16,6 +16,19 @@ from typing import Self
 Respond = Callable[[bytes, bytes], bytes | tuple[float, bytes]]
 
 
+def localhost_tls() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context with a certificate for `localhost` from a fresh test CA, and a client
+    context that trusts only that CA."""
+    import trustme
+
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    trusting = ssl.create_default_context()
+    ca.configure_trust(trusting)
+    return server_ctx, trusting
+
+
 def ok(head: bytes, body: bytes) -> bytes:
     payload = b"got %d bytes, sha %s" % (len(body), hashlib.sha256(body).hexdigest().encode())
     return b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n%s" % (len(payload), payload)

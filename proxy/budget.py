@@ -176,16 +176,10 @@ def remaining(limits: Mapping[str, int], ledger: Ledger, charge: Charge | None, 
     return standing(limits, ledger, charge, now_ms, math.inf)[0]
 
 
-def warnings(limits: Mapping[str, int], ledger: Ledger, charge: Charge | None, now_ms: int,
-             fraction: float) -> dict[str, float]:
-    """Dimensions whose use has reached `fraction` of the limit -> used fraction (0..1+)."""
-    return standing(limits, ledger, charge, now_ms, fraction)[1]
-
-
 def standing(limits: Mapping[str, int], ledger: Ledger, charge: Charge | None, now_ms: int,
              fraction: float) -> tuple[dict[str, float], dict[str, float]]:
-    """What is left per limited dimension (`remaining`) and the dimensions whose use has reached
-    `fraction` of their limit (`warnings`), in one pass over the dimensions."""
+    """What is left per limited dimension, in user units (never negative), and the dimensions whose
+    use has reached `fraction` of their limit -> the used fraction (0..1+), in one pass."""
     left: dict[str, float] = {}
     warn: dict[str, float] = {}
     for dim in DIMENSIONS:

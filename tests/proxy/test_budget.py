@@ -116,7 +116,7 @@ def test_remaining_and_warnings() -> None:
     left = bm.remaining(limits, led, None, 1_250)
     assert left["max_steps"] == 1 and left["max_latency_ms"] == 750 and left["max_prompt_tokens"] == 500
     assert left["max_cost_usd"] == pytest.approx(0.0123)
-    warn = bm.warnings(limits, led, None, 1_250, 0.8)
+    warn = bm.standing(limits, led, None, 1_250, 0.8)[1]
     assert set(warn) == {"max_steps"}
     assert bm.remaining({"max_steps": 1}, ledger(steps=5), None, 0) == {"max_steps": 0}
 

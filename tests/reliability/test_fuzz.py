@@ -116,7 +116,7 @@ def test_remaining_header_is_valid_rfc8941_and_never_negative(limits: dict[str, 
         parsed = http_sfv.Dictionary()
         parsed.parse(header)  # raises on anything RFC 8941 clients could not read
         assert set(parsed.keys()) == set(left)
-    warn = bm.warnings(units, ledger, None, now, fraction)
+    warn = bm.standing(units, ledger, None, now, fraction)[1]
     assert all(v >= fraction for v in warn.values())
 
 

@@ -11,7 +11,7 @@ import contextlib
 import gc
 import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -76,6 +76,7 @@ class RagtollApp:
         self.identifier = Identifier(settings.tasks)
         self.pipeline: Pipeline | None = None
         self.store: Store | None = None
+        self.on_started: Callable[[], None] | None = None  # called once the lifespan has started
         self.admin = AdminApi(settings, env=self.env)
         self.metrics = Metrics(self.meter_provider, upstreams=[u.name for u in settings.upstreams],
                                profiles=list(settings.budgets.profiles), version=__version__)
@@ -105,9 +106,7 @@ class RagtollApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
-        client = UpstreamClient(
-            self.settings.upstreams, tracer_provider=self.tracer_provider, meter_provider=self.meter_provider
-        )
+        client = UpstreamClient(self.settings.upstreams, tracer_provider=self.tracer_provider)
         store = open_store(self.settings)
         self.store = store
         meter = self.meter_provider.get_meter(TRACER_NAME, __version__)
@@ -130,6 +129,8 @@ class RagtollApp:
                 ender.listeners.append(stage.forget)
         self.admin.ender = ender
         sweeper = asyncio.get_running_loop().create_task(_sweep(ender, self.settings.tasks.idle_timeout_s))
+        if self.on_started is not None:
+            self.on_started()
         try:
             yield
         finally:

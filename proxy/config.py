@@ -38,16 +38,26 @@ DIMENSIONS = (
 )
 DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_INSPECT_BYTES = 8 * 1024 * 1024
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _PREFIX = re.compile(r"^(/[A-Za-z0-9._~-]+)+$")
 
 
 @dataclass(frozen=True)
 class ServerConfig:
+    """The front door. Times in seconds, sizes in bytes."""
+
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES  # a request body past this gets 413
     access_log: bool = False
+    header_timeout_s: float = 10.0  # the whole request head, from the first byte (or an idle keep-alive)
+    body_timeout_s: float = 30.0  # the whole request body, from the head; slower gets 408
+    max_connections: int = 1024  # client connections served at once; more wait in the listen backlog
+    # The most of one response ragtoll decodes to read it (a buffered retrieval body, the SSE it
+    # observes): past it, the rest passes through unread and the span says so.
+    max_inspect_bytes: int = DEFAULT_MAX_INSPECT_BYTES
+    max_event_bytes: int = 1024 * 1024  # one SSE event; a longer one ends the stream's observation
 
 
 @dataclass(frozen=True)
@@ -69,7 +79,18 @@ class Timeouts:
 @dataclass(frozen=True)
 class Limits:
     max_connections: int = 200
-    max_keepalive_connections: int = 50
+    max_keepalive_connections: int = 50  # HTTP/2 upstreams; aiohttp keeps any idle connection for keepalive_s
+    keepalive_s: float = 15.0  # an idle connection is closed after this
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """How ragtoll verifies an https upstream and, for mTLS, proves itself to it."""
+
+    ca_file: str | None = None  # PEM bundle of the CAs to trust instead of the public ones (certifi)
+    cert_file: str | None = None  # client certificate (PEM) for mutual TLS
+    key_file: str | None = None  # its private key (PEM)
+    verify: bool = True  # false: no certificate check at all (never in production)
 
 
 @dataclass(frozen=True)
@@ -83,10 +104,22 @@ class UpstreamConfig:
     fields: dict[str, str] = field(default_factory=dict)
     timeouts: Timeouts = Timeouts()
     limits: Limits = Limits()
+    tls: TlsConfig = TlsConfig()
+    # The HTTP engine under the one client: aiohttp (HTTP/1.1; the fastest measured, bench/) or
+    # httpx (httpx2's own transport, httpcore2; the one that speaks HTTP/2).
+    engine: Literal["aiohttp", "httpx"] = "aiohttp"
+    http2: bool = False  # speak HTTP/2 to it (needs engine: httpx; TLS with ALPN, or h2c prior knowledge)
+    proxy: str | None = None  # an outbound HTTP proxy; none by default, and proxy variables are never read
 
     @property
     def route_prefix(self) -> str:
         return self.prefix or f"/{self.name}"
+
+    @property
+    def origin(self) -> str:
+        """scheme://host[:port] of `url`, lowercased (upstreams with one origin share its connections)."""
+        scheme, _, rest = self.url.partition("://")
+        return f"{scheme.lower()}://{rest.split('/', 1)[0].lower()}"
 
 
 @dataclass(frozen=True)
@@ -287,6 +320,7 @@ def validate(settings: Settings) -> None:
     """Cross-field rules the types cannot express."""
     names: set[str] = set()
     prefixes: dict[str, str] = {}
+    origins: dict[str, tuple[str, UpstreamConfig]] = {}
     for i, up in enumerate(settings.upstreams):
         where = f"upstreams[{i}]"
         if not _NAME.match(up.name):
@@ -306,6 +340,7 @@ def validate(settings: Settings) -> None:
                 _bad(f"{where}.prefix", prefix, f"a prefix that does not overlap {other!r} of upstream {owner!r}")
         prefixes[prefix] = up.name
         _check_adapter(where, up)
+        _check_transport(where, up, origins)
     b = settings.budgets
     if b.default_profile not in b.profiles:
         _bad("budgets.default_profile", b.default_profile, f"one of the profiles: {', '.join(sorted(b.profiles))}")
@@ -338,8 +373,7 @@ def validate(settings: Settings) -> None:
         _bad("store", settings.store, "memory, redis://host:6379/0, rediss://..., or redis+cluster://host:port")
     if not 1 <= settings.server.port <= 65535:
         _bad("server.port", settings.server.port, "a TCP port between 1 and 65535")
-    if settings.server.max_body_bytes < 1024:
-        _bad("server.max_body_bytes", settings.server.max_body_bytes, "at least 1024")
+    _check_server(settings.server)
     emb = settings.cache.embedder
     if emb not in ("none", "local") and not (emb.startswith("upstream:") and emb[9:] in names):
         _bad("cache.embedder", emb, f"none, local, or upstream:<name> with a configured upstream ({', '.join(sorted(names))})")
@@ -348,6 +382,53 @@ def validate(settings: Settings) -> None:
         _bad("cache.min_top_margin", margin, "a number >= 0 (0 turns the ranking check off; default 0.25)")
     if not re.match(r"^[a-z0-9-]+$", settings.tasks.header.lower()):
         _bad("tasks.header", settings.tasks.header, "an HTTP header name")
+
+
+def _check_server(srv: ServerConfig) -> None:
+    if srv.max_body_bytes < 1024:
+        _bad("server.max_body_bytes", srv.max_body_bytes, "at least 1024")
+    # granian (hyper) takes the head timeout in whole milliseconds, 1 ms to 60 s
+    if not math.isfinite(srv.header_timeout_s) or not 0.001 <= srv.header_timeout_s <= 60:
+        _bad("server.header_timeout_s", srv.header_timeout_s, "seconds between 0.001 and 60 (default 10)")
+    if not math.isfinite(srv.body_timeout_s) or srv.body_timeout_s <= 0:
+        _bad("server.body_timeout_s", srv.body_timeout_s, "a positive number of seconds (default 30)")
+    if srv.max_connections < 1:
+        _bad("server.max_connections", srv.max_connections, "at least 1 (default 1024)")
+    if srv.max_inspect_bytes < 64 * 1024:
+        _bad("server.max_inspect_bytes", srv.max_inspect_bytes, "at least 65536 (default 8388608)")
+    if not 1024 <= srv.max_event_bytes <= srv.max_inspect_bytes:
+        _bad("server.max_event_bytes", srv.max_event_bytes,
+             f"between 1024 and server.max_inspect_bytes ({srv.max_inspect_bytes}); default 1048576")
+
+
+def _check_transport(where: str, up: UpstreamConfig, seen: dict[str, tuple[str, UpstreamConfig]]) -> None:
+    """TLS files that exist, a proxy URL, and one transport per origin: upstreams that share an
+    origin share its connections, so they must agree on how to reach it."""
+    for name in ("ca_file", "cert_file", "key_file"):
+        path = getattr(up.tls, name)
+        if path is not None and not os.path.isfile(path):
+            _bad(f"{where}.tls.{name}", path, "the path of a readable PEM file")
+    if up.tls.key_file is not None and up.tls.cert_file is None:
+        _bad(f"{where}.tls.key_file", up.tls.key_file, "a key together with tls.cert_file (the client certificate)")
+    if not math.isfinite(up.limits.keepalive_s) or up.limits.keepalive_s <= 0:
+        _bad(f"{where}.limits.keepalive_s", up.limits.keepalive_s, "a positive number of seconds (default 15)")
+    if up.limits.max_connections < 1:
+        _bad(f"{where}.limits.max_connections", up.limits.max_connections, "at least 1 (default 200)")
+    if up.proxy is not None and not re.match(r"^https?://[^/\s?#]+/?$", up.proxy):
+        _bad(f"{where}.proxy", up.proxy, "an http:// or https:// proxy URL such as http://proxy:3128, or null")
+    if up.http2 and up.engine != "httpx":
+        _bad(f"{where}.http2", True, "false, or engine: httpx (aiohttp speaks only HTTP/1.1)")
+    if up.http2 and up.proxy is not None:
+        _bad(f"{where}.http2", True, "false when a proxy is set (HTTP/2 upstreams are reached directly)")
+    origin = up.origin
+    if origin in seen:
+        other_where, other = seen[origin]
+        for name in ("engine", "tls", "http2", "proxy", "limits"):
+            if getattr(up, name) != getattr(other, name):
+                _bad(f"{where}.{name}", getattr(up, name),
+                     f"the same {name} as {other_where} ({other.name!r}), which has the same origin {origin}")
+    else:
+        seen[origin] = (where, up)
 
 
 def _check_adapter(where: str, up: UpstreamConfig) -> None:

@@ -7,6 +7,8 @@
      │    ├── AclDenied              identity refused (401/403)
      │    ├── TaskRequired           untracked call while `tasks.untracked: reject` (400)
      │    ├── NotFound               no configured route for the path (404)
+     │    ├── BadRequest             a request ragtoll will not forward as it is (400)
+     │    ├── RequestTimeout         the body did not arrive within `server.body_timeout_s` (408)
      │    └── BodyTooLarge           request body above `server.max_body_bytes` (413)
      ├── UpstreamError               the upstream exchange failed
      │    ├── UpstreamTimeout        504
@@ -77,6 +79,16 @@ class NotFound(Rejected):
     status = 404
     code = "route_not_found"
     type = "not_found_error"
+
+
+class BadRequest(Rejected):
+    status = 400
+    code = "bad_request"
+
+
+class RequestTimeout(Rejected):
+    status = 408
+    code = "request_timeout"
 
 
 class BodyTooLarge(Rejected):

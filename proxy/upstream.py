@@ -1,69 +1,129 @@
-"""The upstream side: one pooled HTTP client, trust-aware propagation, and error mapping.
+"""The upstream side: the one HTTP client, its transports per origin, and every client error mapped.
 
-The only module that uses the HTTP client (`httpx2`, the API-compatible httpx fork the OpenAI SDK
-uses; it measured about half httpx's CPU per proxied call, see bench/); under it, each origin's
-transport is pool.py's connection pool on netio's sockets. Every client exception is mapped to a
-ragtoll error here, also while a response body streams.
+The only module that speaks HTTP to upstreams. One `httpx2.AsyncClient` (httpx's API; the fork
+the OpenAI SDK uses) is made in the app's lifespan. Under it each upstream origin has its own stack:
+
+    opentelemetry-instrumentation-httpx's transport (the inner HTTP span; injects trace context)
+      -> _DropContext (removes traceparent/tracestate/baggage toward upstreams not marked trusted)
+        -> the engine: aiohttp's client through httpx-aiohttp for HTTP/1.1 (the fastest candidate
+           measured in bench/bench_proxy.py), or httpx2's own transport (httpcore2 + h2) for an
+           upstream with `http2: true`, which aiohttp cannot speak.
+
+TLS (a private CA, a client certificate for mTLS), connection limits and an optional outbound
+proxy are per upstream (config.UpstreamConfig). Engine exceptions, including those raised while a
+body streams, become ragtoll's UpstreamTimeout / UpstreamUnavailable here and nowhere else.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import ssl
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from http.cookiejar import CookieJar, DefaultCookiePolicy
+from typing import Any
 
+# aiohttp's C response parser (llhttp; 3.13 and 3.14 measured) leaves a body read waiting forever
+# when a chunked body turns malformed midway: the parse error reaches the connection, not the body
+# being read, and the read timer is dropped with it (tests/proxy/test_upstream.py). Its pure-Python
+# parser raises at once. aiohttp's documented switch picks the parser when aiohttp is first imported;
+# the cost, measured in bench/bench_proxy.py, is in the README. If something imported aiohttp
+# before ragtoll, `PARSER` says which one is in use.
+os.environ.setdefault("AIOHTTP_NO_EXTENSIONS", "1")
+import aiohttp
 import httpx2 as httpx
+from aiohttp.http_exceptions import HttpProcessingError
+from httpx_aiohttp.httpx2 import AiohttpTransport
 from opentelemetry.instrumentation.httpx import AsyncOpenTelemetryTransportHttpx2
-from opentelemetry.metrics import MeterProvider, NoOpMeterProvider
+from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.trace import TracerProvider
 
-from .config import Timeouts, UpstreamConfig
-from .errors import UpstreamError, UpstreamTimeout, UpstreamUnavailable
-from .pool import DROP_HEADERS, ConnectionPool
+from .config import Timeouts, TlsConfig, UpstreamConfig
+from .errors import BadRequest, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
-# Trace context leaves ragtoll only toward trusted upstreams; baggage never toward others. The pool
-# drops them from the request as it goes out, so this also removes what the OTel transport injected.
-_CONTEXT_HEADERS = frozenset({b"traceparent", b"tracestate", b"baggage"})
+PARSER = "python" if aiohttp.helpers.NO_EXTENSIONS else "c"
+# Trace context leaves ragtoll only toward trusted upstreams; baggage never toward others.
+_CONTEXT_HEADERS = ("traceparent", "tracestate", "baggage")
+_UNTRUSTED = "ragtoll.untrusted"  # request extension read by _DropContext
+# A request target goes out as it came in; anything that could end the request line early is refused.
+_BAD_TARGET = re.compile(rb"[\x00-\x20\x7f]")
+# Response heads up to 64 KiB per line (aiohttp's default, 8 KiB, refuses some large cookies and links).
+_MAX_HEAD_LINE = 65536
 
 
-def _origin(url: str) -> str:
-    u = httpx.URL(url)
-    port = f":{u.port}" if u.port else ""
-    return f"{u.scheme}://{u.host}{port}"
+class _DropContext(httpx.AsyncBaseTransport):
+    """Removes the trace-context headers the OTel transport injected, for untrusted upstreams."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.extensions.get(_UNTRUSTED):
+            for name in _CONTEXT_HEADERS:
+                request.headers.pop(name, None)
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
+    """The client TLS context: the system's CAs, or only `ca_file`'s; a client certificate for mTLS."""
+    ctx = ssl.create_default_context(cafile=tls.ca_file)
+    if tls.cert_file is not None:
+        ctx.load_cert_chain(tls.cert_file, tls.key_file)
+    if not tls.verify:
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def _engine(up: UpstreamConfig) -> httpx.AsyncBaseTransport:
+    tls = ssl_context(up.tls) if up.url.startswith("https://") else None
+    if up.engine == "httpx":
+        return httpx.AsyncHTTPTransport(
+            verify=tls or True, http1=True, http2=True, trust_env=False,
+            limits=httpx.Limits(max_connections=up.limits.max_connections,
+                                max_keepalive_connections=up.limits.max_keepalive_connections,
+                                keepalive_expiry=up.limits.keepalive_s),
+        )
+
+    def session() -> aiohttp.ClientSession:  # made on first use, inside the event loop
+        connector = aiohttp.TCPConnector(ssl=tls if tls is not None else True, limit=up.limits.max_connections,
+                                         keepalive_timeout=up.limits.keepalive_s)
+        return aiohttp.ClientSession(
+            connector=connector,
+            # Forward the caller's headers unchanged: no User-Agent, Accept or Accept-Encoding of
+            # aiohttp's own (an added Accept-Encoding would bring compressed answers nobody asked for).
+            skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
+            auto_decompress=False,  # the client gets the upstream's bytes, compressed or not
+            cookie_jar=aiohttp.DummyCookieJar(),  # never carry one caller's Set-Cookie to another
+            trust_env=False,  # proxy variables are not read; `proxy:` is explicit
+            max_line_size=_MAX_HEAD_LINE, max_field_size=_MAX_HEAD_LINE,
+        )
+
+    return AiohttpTransport(client=session, proxy=httpx.Proxy(up.proxy) if up.proxy else None)
 
 
 class UpstreamClient:
-    """Owns the pooled client; made in the app lifespan and closed there.
-
-    Each upstream origin gets its own connection pool (its `limits`), all behind one client.
-    """
+    """Owns the client; made in the app lifespan and closed there (`aclose`)."""
 
     def __init__(
         self,
         upstreams: Sequence[UpstreamConfig],
         *,
         tracer_provider: TracerProvider | None = None,
-        meter_provider: MeterProvider | None = None,
     ) -> None:
         mounts: dict[str, httpx.AsyncBaseTransport] = {}
         for up in upstreams:
-            origin = _origin(up.url)
-            if origin in mounts:
-                continue
-            limits = httpx.Limits(
-                max_connections=up.limits.max_connections,
-                max_keepalive_connections=up.limits.max_keepalive_connections,
-            )
-            # The instrumentation's own http.client.* metrics are off: they repeat what
-            # gen_ai.client.operation.duration and ragtoll.proxy.overhead record, at a cost per call.
-            mounts[origin + "/"] = AsyncOpenTelemetryTransportHttpx2(
-                ConnectionPool(limits), tracer_provider=tracer_provider, meter_provider=NoOpMeterProvider()
-            )
-        # Never remember cookies: a proxy must not carry one caller's Set-Cookie to another.
-        jar = CookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
-        self._client = httpx.AsyncClient(
-            mounts=mounts, cookies=jar, trust_env=False, follow_redirects=False, timeout=None
-        )
+            key = up.origin + "/"
+            if key not in mounts:  # config.validate made upstreams of one origin agree on its transport
+                # The instrumentation's own http.client.* metrics are off: they repeat what
+                # gen_ai.client.operation.duration and ragtoll.proxy.overhead record, at a cost per call.
+                mounts[key] = AsyncOpenTelemetryTransportHttpx2(
+                    _DropContext(_engine(up)), tracer_provider=tracer_provider, meter_provider=NoOpMeterProvider()
+                )
+        self._client = httpx.AsyncClient(mounts=mounts, trust_env=False, follow_redirects=False, timeout=None)
         # Forward the caller's headers unchanged: no client defaults added.
         for name in ("user-agent", "accept", "accept-encoding", "connection"):
             del self._client.headers[name]
@@ -82,20 +142,23 @@ class UpstreamClient:
         *,
         timeouts: Timeouts,
     ) -> UpstreamResponse:
-        """Start the exchange and return once response headers arrive.
+        """Start the exchange and return once the response head arrives.
 
-        The caller owns the returned response and must `aclose()` it (also on cancellation).
+        `headers` must carry no framing (content-length, transfer-encoding): the body's is set
+        here, exactly one of them. The caller owns the returned response and must `aclose()` it
+        (also on cancellation).
         """
+        if _BAD_TARGET.search(target.encode("latin-1", "replace")):
+            raise BadRequest("the request target holds a control character or space")
         timeout = {"connect": timeouts.connect, "read": timeouts.read, "write": timeouts.write, "pool": timeouts.pool}
         with _mapped(upstream.name):
             # A Request made directly, not by build_request: the client has no base URL, default
             # headers or cookies to merge, and the URL of a path seen before is not parsed again.
+            # httpx frames `body`: content-length for bytes, chunked for a stream.
             request = httpx.Request(method, self._url(upstream.url, target), headers=headers, content=body,
-                                    extensions={"timeout": timeout, DROP_HEADERS: None if upstream.trusted
-                                                else _CONTEXT_HEADERS})
+                                    extensions={"timeout": timeout, _UNTRUSTED: not upstream.trusted})
             response = await self._client.send(request, stream=True)
         return UpstreamResponse(response, upstream.name)
-
 
     def _url(self, base: str, target: str) -> httpx.URL:
         url = self._urls.get((base, target))
@@ -132,15 +195,23 @@ class UpstreamResponse:
 
 @contextlib.contextmanager
 def _mapped(upstream: str) -> Iterator[None]:
+    """Engine errors as ragtoll errors. httpx-aiohttp re-raises aiohttp's errors as httpx ones with
+    the original as the cause, and files a dropped connection under ConnectTimeout, so the cause
+    decides when there is one."""
     try:
         yield
-    except httpx.TimeoutException as exc:
-        raise UpstreamTimeout(
-            f"upstream {upstream!r} timed out ({type(exc).__name__})", upstream=upstream
-        ) from exc
-    except (httpx.ConnectError, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
-        raise UpstreamUnavailable(
-            f"upstream {upstream!r} is unavailable ({type(exc).__name__}: {exc})", upstream=upstream
-        ) from exc
-    except httpx.HTTPError as exc:
-        raise UpstreamError(f"upstream {upstream!r} failed ({type(exc).__name__}: {exc})", upstream=upstream) from exc
+    except (httpx.HTTPError, aiohttp.ClientError, HttpProcessingError, TimeoutError) as exc:
+        raise _translate(exc, upstream) from exc
+
+
+def _translate(exc: BaseException, upstream: str) -> UpstreamError:
+    cause: Any = exc.__cause__ if isinstance(exc.__cause__, aiohttp.ClientError | TimeoutError) else exc
+    if isinstance(cause, HttpProcessingError):  # the upstream's bytes are not HTTP
+        return UpstreamUnavailable(f"upstream {upstream!r} sent a malformed response ({cause.message})",
+                                   upstream=upstream)
+    what = f"{type(cause).__name__}: {cause}" if str(cause) else type(cause).__name__
+    if isinstance(cause, httpx.TimeoutException | TimeoutError):  # aiohttp's timeouts are TimeoutErrors
+        return UpstreamTimeout(f"upstream {upstream!r} timed out ({type(cause).__name__})", upstream=upstream)
+    if isinstance(cause, httpx.TransportError | aiohttp.ClientError):
+        return UpstreamUnavailable(f"upstream {upstream!r} is unavailable ({what})", upstream=upstream)
+    return UpstreamError(f"upstream {upstream!r} failed ({what})", upstream=upstream)

@@ -189,8 +189,10 @@ class FaultyUpstream:
         if fault == "garbage":
             await self._send(seen, writer, b"\x00\xff\x13garbage, not HTTP at all\r\n\r\n" * 4)
             return False
-        if fault == "garbage-mid-body":  # valid headers, then a broken chunked framing
-            await self._send(seen, writer, sse + _chunk(sse_event(0)) + b"zz-not-a-chunk-size\r\n\r\n")
+        if fault == "garbage-mid-body":  # valid headers and an event, then (later) a broken chunked framing
+            await self._send(seen, writer, sse + _chunk(sse_event(0)))
+            await asyncio.sleep(0.05)  # in one segment with the head, a client may refuse the head itself
+            await self._send(seen, writer, b"zz-not-a-chunk-size\r\n\r\n")
             return False
         if fault == "big":
             size = self.big_bytes

@@ -78,22 +78,17 @@ def _sign(args: argparse.Namespace) -> int:
     return 0
 
 
-SWITCH_INTERVAL_S = 0.0005
-
-
 def _serve(args: argparse.Namespace) -> int:
-    # httpx (imported by its OTel instrumentation) loads its command-line tool at import when
-    # `rich` and `click` are installed, as in many images: ~3 MB of RSS a proxy never uses.
-    sys.modules.setdefault("httpx._main", None)  # type: ignore[arg-type]
     import dataclasses
 
-    import uvicorn
+    import uvloop
     from opentelemetry import metrics, trace
     from ragtoll.instrumentation import setup
+    from ragtoll.instrumentation.metrics import prometheus_reader
 
     from .app import build_app
     from .config import Settings
-    from .server import http_protocol
+    from .server import raise_open_files_limit, serve
 
     settings = _load(args.config)
     assert isinstance(settings, Settings)
@@ -101,28 +96,25 @@ def _serve(args: argparse.Namespace) -> int:
     if args.host or args.port:
         server = dataclasses.replace(server, host=args.host or server.host, port=args.port or server.port)
         settings = dataclasses.replace(settings, server=server)
-    from ragtoll.instrumentation.metrics import prometheus_reader
-
+    # a descriptor per client connection, per upstream connection, and some to spare
+    raise_open_files_limit(server.max_connections + sum(u.limits.max_connections for u in settings.upstreams) + 256)
     prometheus = prometheus_reader()
     tracer_provider = setup.tracer_provider(os.environ, settings.telemetry.service_name)
     meter_provider = setup.meter_provider(os.environ, settings.telemetry.service_name, extra_readers=(prometheus,))
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)
-    # Span export runs on the SDK's batch thread. When it holds the GIL as a request arrives, the
-    # event loop waits out the switch interval (default 5 ms) before it runs again; 0.5 ms bounds
-    # that wait. Measured (bench/bench_proxy.py harness): p99 added latency -1.1 ms, throughput -3%.
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     app = build_app(settings, tracer_provider=tracer_provider, meter_provider=meter_provider, prometheus=prometheus)
-    print(f"ragtoll listening on http://{server.host}:{server.port} "
-          f"({len(settings.upstreams)} upstream(s), store {settings.store})", file=sys.stderr)
-    uvicorn.run(
-        # uvicorn's HTTP/1.1 protocol (httptools) with a response head sent with the first body bytes
-        app, host=server.host, port=server.port, loop="auto", http=http_protocol(),
-        access_log=server.access_log, log_level="warning", lifespan="on",
-        proxy_headers=False, server_header=False, date_header=False,
-    )
-    tracer_provider.shutdown()
-    meter_provider.shutdown()
+    app.on_started = lambda: print(
+        f"ragtoll listening on http://{server.host}:{server.port} "
+        f"({len(settings.upstreams)} upstream(s), store {settings.store})", file=sys.stderr, flush=True)
+    try:
+        uvloop.run(serve(app, server))
+    except OSError as exc:  # the port is taken, the address does not exist, ...
+        print(f"ragtoll: cannot listen on {server.host}:{server.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 3
+    finally:
+        tracer_provider.shutdown()
+        meter_provider.shutdown()
     return 0
 
 

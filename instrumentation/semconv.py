@@ -82,6 +82,7 @@ EVIDENCE_PROMPT_TOKENS = "ragtoll.evidence.prompt_tokens"  # prompt tokens that 
 EVIDENCE_DUPLICATE_TOKENS = "ragtoll.evidence.duplicate_tokens"  # ... already sent in an earlier prompt
 QUERY_NEW = "ragtoll.query.new"
 PARSE_ERROR = "ragtoll.parse_error"
+RESPONSE_UNREAD = "ragtoll.response.unread"  # why ragtoll stopped reading a response (it passed on unread)
 DEGRADED = "ragtoll.degraded"
 OUTCOME = "ragtoll.outcome"
 STREAM = "ragtoll.stream"

@@ -86,6 +86,7 @@ class Observation:
     output_tokens_seen: int = 0  # streamed output tokens counted so far (mid-stream enforcement)
     source_version: str | None = None
     parse_error: str | None = None
+    unread: str | None = None  # why ragtoll stopped reading the response (inspection.Inspector)
     output_text: list[str] = field(default_factory=list)  # generated text, first OUTPUT_TEXT_KEEP chars
 
     def keep_output(self, text: str) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,9 +22,9 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from ragtoll.instrumentation import semconv as sc
 
-from .adapters.base import MAX_PARSE_BYTES, Observer
 from .config import Settings, Timeouts
-from .errors import BodyTooLarge, RagtollError, Rejected, render
+from .errors import BadRequest, BodyTooLarge, RagtollError, Rejected, RequestTimeout, render
+from .inspection import Inspector
 from .model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, Call, Observation, TaskRef
 from .routing import Route, Router
 from .stages.identify import Identifier, derived_span_id, parse_traceparent
@@ -40,6 +39,8 @@ HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
      b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host"}
 )
+# The request's framing is set anew for what goes upstream: exactly one of content-length or chunked.
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 # ragtoll's own request headers are for ragtoll, not for the upstream.
 _OWN_PREFIX = b"x-ragtoll-"
 TASK_HEADER_OUT = b"x-ragtoll-task-id"
@@ -79,6 +80,8 @@ class Exchange:
     upstream_seconds: float = 0.0
     bytes_out: int = 0
     headers_sent: bool = False  # after this the status can no longer change
+    body_deadline: float = 0.0  # loop time by which the request body must have arrived
+    body_error: Exception | None = None  # why a streamed request body failed (the upstream sees only a break)
     state: dict[str, Any] = field(default_factory=dict)
 
 
@@ -128,6 +131,9 @@ class Pipeline:
         self._chunk_hooks = [s for s in stages if hasattr(s, "on_chunk")]
         self._response_hooks = [s for s in stages if hasattr(s, "on_response")]
         self._max_body = settings.server.max_body_bytes
+        self._body_timeout = settings.server.body_timeout_s
+        self._max_inspect = settings.server.max_inspect_bytes
+        self._max_event = settings.server.max_event_bytes
         self._on_end = on_end  # per-call metrics; failsafe
 
     async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
@@ -150,7 +156,8 @@ class Pipeline:
             await _send_error(send, exc, style, [])
             return
         ex = Exchange(route, scope["method"], target, headers, raw_headers, client[0] if client else "",
-                      time.perf_counter(), task=task, timeouts=route.upstream.timeouts)
+                      time.perf_counter(), task=task, timeouts=route.upstream.timeouts,
+                      body_deadline=asyncio.get_running_loop().time() + self._body_timeout)
         ex.response_headers.append((TASK_HEADER_OUT, task.id.encode()))
         parent = trace.set_span_in_context(NonRecordingSpan(_parent_context(task, headers)))
         server_span = self.tracer.start_span(
@@ -173,16 +180,16 @@ class Pipeline:
         body_iter: AsyncIterator[bytes] | None = None
         try:
             if route.adapter.reads_body:
-                ex.body = await _read_body(receive, ex.headers, self._max_body)
+                ex.body = await _read_body(receive, ex.headers, self._max_body, ex.body_deadline)
             elif "content-length" in ex.headers or "transfer-encoding" in ex.headers:
                 _check_declared_length(ex.headers, self._max_body)
                 # the disconnect watcher may only read `receive` once the body is consumed
-                body_iter = _stream_body(receive, self._max_body, lambda: self._watch(ex, receive))
+                body_iter = _stream_body(receive, self._max_body, ex, lambda: self._watch(ex, receive))
             else:
                 ex.body = b""  # no body framing: forward none (not an empty chunked body)
-        except (BodyTooLarge, ClientDisconnected) as exc:
-            ex.outcome = "rejected" if isinstance(exc, BodyTooLarge) else "client_disconnect"
-            if isinstance(exc, BodyTooLarge):
+        except (BodyTooLarge, RequestTimeout, ClientDisconnected) as exc:
+            ex.outcome = "client_disconnect" if isinstance(exc, ClientDisconnected) else "rejected"
+            if not isinstance(exc, ClientDisconnected):
                 ex.status = exc.status
                 await _send_error(send, exc, style, ex.response_headers)
             return
@@ -225,15 +232,21 @@ class Pipeline:
             if ex.outcome != "client_disconnect" or task is None:
                 raise
             task.uncancel()  # cancelled by our own disconnect watcher: finish the bookkeeping
-        except ClientDisconnected:
-            ex.outcome = "client_disconnect"
-        except RagtollError as exc:
-            ex.error = exc
-            if not ex.headers_sent:  # nothing sent yet: a clean JSON error
+        except (ClientDisconnected, RagtollError) as raised:
+            # A streamed request body that failed (too large, too slow, client gone) reaches the
+            # upstream only as a broken exchange: the body's own error is the one to answer.
+            exc = ex.body_error or raised
+            if isinstance(exc, ClientDisconnected):
+                ex.outcome = "client_disconnect"
+            elif not isinstance(exc, RagtollError):
+                raise exc from raised
+            elif not ex.headers_sent:  # nothing sent yet: a clean JSON error
+                ex.error = exc
                 ex.status = exc.status
                 ex.outcome = "rejected" if isinstance(exc, Rejected) else "upstream_error"
                 await _send_error(send, exc, style, ex.response_headers)
             else:
+                ex.error = exc
                 ex.outcome = "upstream_error"
         except Exception as exc:  # noqa: BLE001 - a bug: answer 500 if we still can, record it, never hang
             ex.outcome = "error"
@@ -264,6 +277,9 @@ class Pipeline:
     async def _forward(self, ex: Exchange, body: AsyncIterator[bytes] | None, send: Send, receive: Receive) -> None:
         route = ex.route
         out_headers = upstream_headers(ex.raw_headers)
+        declared = ex.headers.get("content-length")
+        if body is not None and declared is not None and "transfer-encoding" not in ex.headers:
+            out_headers.append((b"content-length", declared.encode()))  # the server checked the body against it
         t0 = time.perf_counter()
         with trace.use_span(ex.span, end_on_exit=False):
             response = await self.client.send(
@@ -275,27 +291,26 @@ class Pipeline:
             ex.status = response.status
             observer = route.adapter.observer(ex.call, response.status, response.headers)
             ex.observation = observer.observation
-            decoder = _decoder(response.headers.get("content-encoding", ""))
-            if decoder is None:
-                ex.observation.parse_error = f"content-encoding {response.headers.get('content-encoding')!r} not read"
+            inspector = Inspector(observer, content_encoding=response.headers.get("content-encoding", ""),
+                                  content_type=response.headers.get("content-type", ""),
+                                  max_bytes=self._max_inspect, max_event_bytes=self._max_event)
             headers = [(k, v) for k, v in response.raw_headers if k.lower() not in HOP_BY_HOP]
-            if decoder is not None and self._should_buffer(ex, response):
-                await self._send_buffered(ex, response, observer, decoder, headers, send)
+            if inspector.unread is None and self._should_buffer(ex, response):
+                await self._send_buffered(ex, response, inspector, headers, send)
                 return
             ex.headers_sent = True
             await send({"type": "http.response.start", "status": response.status,
                         "headers": headers + ex.response_headers})
             cut: bytes | None = None
             async for chunk in response.chunks():
-                if decoder is not None:
-                    plain = decoder(chunk)
-                    observer.feed(plain, False)
+                plain = inspector.feed(chunk)
+                if plain is not None:
                     for hook in self._chunk_hooks:
                         cut = hook.on_chunk(ex, plain)  # type: ignore[attr-defined]
                         if cut is not None:
                             break
                 if cut is not None:
-                    observer.feed(b"", True)
+                    inspector.end()
                     ex.state["complete"] = True
                     await send({"type": "http.response.body", "body": cut, "more_body": False})
                     ex.bytes_out += len(cut)
@@ -303,7 +318,7 @@ class Pipeline:
                 ex.bytes_out += len(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             else:
-                observer.feed(b"", True)
+                inspector.end()
                 ex.state["complete"] = True
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
@@ -319,16 +334,17 @@ class Pipeline:
         if "text/event-stream" in response.headers.get("content-type", ""):
             return False
         length = response.headers.get("content-length")
-        return length is not None and length.isdigit() and int(length) <= MAX_PARSE_BYTES
+        return length is not None and length.isdigit() and int(length) <= self._max_inspect
 
-    async def _send_buffered(self, ex: Exchange, response: UpstreamResponse, observer: Observer,
-                             decoder: Callable[[bytes], bytes], headers: list[tuple[bytes, bytes]], send: Send) -> None:
+    async def _send_buffered(self, ex: Exchange, response: UpstreamResponse, inspector: Inspector,
+                             headers: list[tuple[bytes, bytes]], send: Send) -> None:
         parts = [chunk async for chunk in response.chunks()]
         raw = b"".join(parts)
-        plain = decoder(raw)
-        observer.feed(plain, True)
-        for chunk_hook in self._chunk_hooks:  # they see the body as they would a stream (no cut here)
-            chunk_hook.on_chunk(ex, plain)  # type: ignore[attr-defined]
+        plain = inspector.feed(raw)
+        inspector.end()
+        if plain is not None:
+            for chunk_hook in self._chunk_hooks:  # they see the body as they would a stream (no cut here)
+                chunk_hook.on_chunk(ex, plain)  # type: ignore[attr-defined]
         for hook in self._response_hooks:
             try:
                 await hook.on_response(ex)  # type: ignore[attr-defined]
@@ -342,8 +358,18 @@ class Pipeline:
 
 
 def upstream_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """The caller's headers as they go upstream: without hop-by-hop headers and ragtoll's own."""
-    return [(k, v) for k, v in raw if k.lower() not in HOP_BY_HOP and not k.lower().startswith(_OWN_PREFIX)]
+    """The caller's headers as they go upstream: without hop-by-hop headers, framing and ragtoll's own.
+
+    A value holding CR, LF or NUL is refused (BadRequest): it could end the header line early."""
+    out = []
+    for k, v in raw:
+        name = k.lower()
+        if name in HOP_BY_HOP or name in _FRAMING or name.startswith(_OWN_PREFIX):
+            continue
+        if b"\r" in v or b"\n" in v or b"\0" in v:
+            raise BadRequest(f"header {k.decode('latin-1')!r} holds a line break or NUL")
+        out.append((k, v))
+    return out
 
 
 def _parent_context(task: TaskRef, headers: dict[str, str]) -> SpanContext:
@@ -390,12 +416,12 @@ def _watch_disconnect(receive: Receive, handler: asyncio.Task[Any] | None, ex: E
     return asyncio.get_running_loop().create_task(watch())
 
 
-async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> bytes:
+async def _read_body(receive: Receive, headers: dict[str, str], limit: int, deadline: float) -> bytes:
     _check_declared_length(headers, limit)
     parts: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
+        message = await _receive_by(receive, deadline)
         if message["type"] == "http.disconnect":
             raise ClientDisconnected()
         chunk = message.get("body", b"")
@@ -407,49 +433,42 @@ async def _read_body(receive: Receive, headers: dict[str, str], limit: int) -> b
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+async def _receive_by(receive: Receive, deadline: float) -> MutableMapping[str, Any]:
+    """The next request message, or RequestTimeout (408) at `deadline` (server.body_timeout_s)."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await receive()
+    except TimeoutError:
+        raise RequestTimeout("the request body did not arrive within server.body_timeout_s") from None
+
+
 def _check_declared_length(headers: dict[str, str], limit: int) -> None:
     declared = headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge(f"request body exceeds {limit} bytes (server.max_body_bytes)", limit=limit)
 
 
-async def _stream_body(receive: Receive, limit: int, on_done: Callable[[], None]) -> AsyncIterator[bytes]:
+async def _stream_body(receive: Receive, limit: int, ex: Exchange, on_done: Callable[[], None]) -> AsyncIterator[bytes]:
+    """The request body as it arrives, for the upstream; a failure is kept in `ex.body_error`, since
+    the upstream client reports it only as a broken exchange."""
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body exceeds {limit} bytes (server.max_body_bytes)", limit=limit)
-        if chunk:
-            yield chunk
-        if not message.get("more_body", False):
-            on_done()
-            return
-
-
-def _decoder(encoding: str) -> Callable[[bytes], bytes] | None:
-    """A chunk decoder for the observer's copy; the client always gets the raw bytes."""
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return _identity
-    if encoding in ("gzip", "x-gzip", "deflate"):
-        d = zlib.decompressobj(zlib.MAX_WBITS | 32)  # auto-detects gzip and zlib headers
-
-        def decode(chunk: bytes) -> bytes:
-            try:
-                return d.decompress(chunk)
-            except zlib.error:
-                return b""
-
-        return decode
-    return None
-
-
-def _identity(chunk: bytes) -> bytes:
-    return chunk
+    try:
+        while True:
+            message = await _receive_by(receive, ex.body_deadline)
+            if message["type"] == "http.disconnect":
+                raise ClientDisconnected()
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise BodyTooLarge(f"request body exceeds {limit} bytes (server.max_body_bytes)", limit=limit)
+            if chunk:
+                yield chunk
+            if not message.get("more_body", False):
+                on_done()
+                return
+    except (ClientDisconnected, BodyTooLarge, RequestTimeout) as exc:
+        ex.body_error = exc
+        raise
 
 
 async def _send_reply(send: Send, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:

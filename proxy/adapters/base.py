@@ -93,18 +93,34 @@ class SseReader:
     """Splits a byte stream into Server-Sent Events across arbitrary chunk boundaries.
 
     Yields (event, data) for each complete event; `data` joins multi-line data fields with "\\n".
+    Time is linear in the bytes fed: each byte is searched once per separator kind, however the
+    stream is chunked (an event that never ends is kept, not rescanned; the pipeline's Inspector
+    bounds how long one may grow).
     """
 
+    _SEPARATORS = (b"\n\n", b"\r\n\r\n", b"\r\r")
+
     def __init__(self) -> None:
-        self._buf = b""
+        self._buf = bytearray()
+        # Per separator, where to search next: no separator of that kind starts before it.
+        self._from = [0, 0, 0]
 
     def events(self, chunk: bytes) -> Iterator[tuple[str, str]]:
-        self._buf += chunk
+        buf = self._buf
+        buf += chunk
+        start = 0
         while True:
-            cut, width = _blank_line(self._buf)
+            cut, width = -1, 0
+            for k, sep in enumerate(self._SEPARATORS):
+                i = buf.find(sep, max(self._from[k], start))
+                if i < 0:  # none up to the end: next time, search only what arrives (and a straddling start)
+                    self._from[k] = max(start, len(buf) - len(sep) + 1)
+                elif cut < 0 or i < cut:
+                    cut, width = i, len(sep)
             if cut < 0:
-                return
-            raw, self._buf = self._buf[:cut], self._buf[cut + width:]
+                break
+            raw = bytes(buf[start:cut])
+            start = cut + width
             event, data = "message", []
             for line in raw.decode("utf-8", "replace").splitlines():
                 if line.startswith("data:"):
@@ -113,15 +129,9 @@ class SseReader:
                     event = line[6:].strip()
             if data:
                 yield event, "\n".join(data)
-
-
-def _blank_line(buf: bytes) -> tuple[int, int]:
-    best, width = -1, 0
-    for sep in (b"\n\n", b"\r\n\r\n", b"\r\r"):
-        i = buf.find(sep)
-        if i >= 0 and (best < 0 or i < best):
-            best, width = i, len(sep)
-    return best, width
+        if start:  # one compaction per chunk, not one per event
+            del buf[:start]
+            self._from = [max(0, f - start) for f in self._from]
 
 
 def json_body(body: bytes) -> tuple[dict[str, object] | None, str | None]:

@@ -461,8 +461,11 @@ class BudgetStage:
             return Actual()
         u = obs.usage
         context = u.input_tokens if u and u.input_tokens is not None else res.context_tokens
+        unread = obs.unread is not None and not (u and u.output_tokens is not None)
         if u and u.output_tokens is not None:
             completion = u.output_tokens
+        elif unread:  # ragtoll stopped reading (inspection.Inspector): the whole reservation, at least
+            completion = max(res.completion_tokens, obs.output_tokens_seen)
         elif call.stream:
             completion = obs.output_tokens_seen
         else:
@@ -472,6 +475,8 @@ class BudgetStage:
             c = self.prices.actual(ex.route.upstream, call, obs)
             if c.known or call.operation not in bm.LLM_OPERATIONS:
                 cost = round(c.usd * bm.NANO)
+        if unread:
+            cost = max(cost, res.cost_nusd)
         chunks = None
         if call.operation == "retrieval" and obs.chunks is not None:
             chunks = tuple(ch.id for ch in obs.chunks)

@@ -78,6 +78,8 @@ class SettleStage:
         parse_error = call.parse_error or obs.parse_error
         if parse_error:
             attrs[sc.PARSE_ERROR] = parse_error[:300]
+        if obs.unread:
+            attrs[sc.RESPONSE_UNREAD] = obs.unread
         span.set_attributes(attrs)
 
 

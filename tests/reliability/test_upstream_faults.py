@@ -146,7 +146,7 @@ def test_ten_megabyte_answer_arrives_whole_and_is_recorded(proxy: ProxyFactory, 
     assert call_span(telemetry, tasks["raw"]).attributes[sc.BYTES_OUT] == faulty.big_bytes
     span = call_span(telemetry, tasks["openai"])
     assert span.attributes[sc.OUTCOME] == "ok"
-    assert "not parsed" in span.attributes[sc.PARSE_ERROR]  # too large to read: recorded, passed on
+    assert "max_inspect_bytes" in span.attributes[sc.RESPONSE_UNREAD]  # too large to read: recorded, passed on
     assert after["in_flight"] == 0
 
 

@@ -29,7 +29,8 @@ CI_NAMES = [p.name.removesuffix("-values.yaml") for p in CI_VALUES]
 
 
 def test_every_feature_has_a_ci_values_file() -> None:
-    assert set(CI_NAMES) >= {"sidecar-native", "sidecar-classic", "gateway-redis", "jaeger", "networkpolicy"}
+    assert set(CI_NAMES) >= {"sidecar-native", "sidecar-classic", "gateway-redis", "jaeger", "networkpolicy",
+                             "records-rotation"}
 
 
 @pytest.mark.parametrize("name", CI_NAMES)
@@ -93,6 +94,10 @@ def test_validation_catches_a_broken_manifest() -> None:
         (
             {"networkPolicy": {"enabeld": True}},
             "at '/networkPolicy': additional properties 'enabeld' not allowed",
+        ),
+        (
+            {"config": {"budgets": {"records_max_bytes": 1000}}},
+            "at '/config/budgets/records_max_bytes': minimum: got 1,000, want 65,536",
         ),
     ],
 )

@@ -30,7 +30,7 @@ CI_NAMES = [p.name.removesuffix("-values.yaml") for p in CI_VALUES]
 
 def test_every_feature_has_a_ci_values_file() -> None:
     assert set(CI_NAMES) >= {"sidecar-native", "sidecar-classic", "gateway-redis", "jaeger", "networkpolicy",
-                             "records-rotation"}
+                             "records-rotation", "grafana-dashboard", "prometheus-rule"}
 
 
 @pytest.mark.parametrize("name", CI_NAMES)

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import orjson
 import pytest
+from conftest import ProxyFactory, Upstream
 from ragtoll.proxy import budget as bm
 from ragtoll.proxy import config, report
 from ragtoll.proxy.budget import Charge
@@ -24,8 +25,6 @@ from ragtoll.proxy.errors import ConfigError
 from ragtoll.proxy.records import JsonlSink, TaskEnder
 from ragtoll.proxy.stores.base import TaskMeta
 from ragtoll.proxy.stores.memory import MemoryStore
-
-from conftest import ProxyFactory, Upstream
 
 
 def record(i: int, pad: int = 60) -> dict[str, Any]:

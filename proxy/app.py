@@ -116,8 +116,9 @@ class RagtollApp:
             self.settings, self.router, client, build_stages(self.settings, store, meter, self.evidence),
             self.identifier, self.tracer, on_end=self._record_call,
         )
-        ender = TaskEnder(store, open_sink(store, self.settings.budgets.records_file),
-                          self.settings.tasks.idle_timeout_s)
+        budgets = self.settings.budgets
+        ender = TaskEnder(store, open_sink(store, budgets.records_file, max_bytes=budgets.records_max_bytes,
+                                           keep=budgets.records_keep), self.settings.tasks.idle_timeout_s)
         # Everything made so far (modules, encodings, config) lives as long as the process: keep it
         # out of the garbage collector's full passes, which otherwise grow with it.
         gc.freeze()

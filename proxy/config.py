@@ -39,6 +39,11 @@ DIMENSIONS = (
 DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_INSPECT_BYTES = 8 * 1024 * 1024
+# The JSONL task-record sink rotates its file past this size and keeps this many rotated files.
+DEFAULT_RECORDS_MAX_BYTES = 16 * 1024 * 1024
+DEFAULT_RECORDS_KEEP = 3
+MIN_RECORDS_MAX_BYTES = 64 * 1024
+MAX_RECORDS_KEEP = 100
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _PREFIX = re.compile(r"^(/[A-Za-z0-9._~-]+)+$")
 
@@ -183,6 +188,8 @@ class BudgetsConfig:
     hmac_key_file: str | None = None
     task_ttl_s: int = 86_400  # TTL of every store key of a task, refreshed on each call
     records_file: str = "ragtoll-tasks.jsonl"  # task records sink (JSONL) unless the store is Redis
+    records_max_bytes: int = DEFAULT_RECORDS_MAX_BYTES  # JSONL sink: rotate to records_file.1 past this
+    records_keep: int = DEFAULT_RECORDS_KEEP  # JSONL sink: rotated files kept (.1 newest ... .N oldest)
     records_stream: str = "ragtoll:records"  # task records sink (Redis Stream) when the store is Redis
 
 
@@ -369,6 +376,12 @@ def validate(settings: Settings) -> None:
         _bad("budgets.task_ttl_s", b.task_ttl_s, "at least 60 seconds")
     if not 0 < b.warn_fraction <= 1:
         _bad("budgets.warn_fraction", b.warn_fraction, "a fraction in (0, 1]")
+    if b.records_max_bytes < MIN_RECORDS_MAX_BYTES:
+        _bad("budgets.records_max_bytes", b.records_max_bytes,
+             f"at least {MIN_RECORDS_MAX_BYTES} bytes (64 KiB); the default is {DEFAULT_RECORDS_MAX_BYTES} (16 MiB)")
+    if not 1 <= b.records_keep <= MAX_RECORDS_KEEP:
+        _bad("budgets.records_keep", b.records_keep,
+             f"a number of rotated files from 1 to {MAX_RECORDS_KEEP} (default {DEFAULT_RECORDS_KEEP})")
     if not re.match(r"^(memory|redis://|rediss://|redis\+cluster://|unix://)", settings.store):
         _bad("store", settings.store, "memory, redis://host:6379/0, rediss://..., or redis+cluster://host:port")
     if not 1 <= settings.server.port <= 65535:

@@ -1,14 +1,15 @@
 """Task records: the summary written once when a task ends (admin end call or idle timeout).
 
 `task_record` is pure (ledger in, dict out, fixed keys the report reads). Sinks append records:
-a JSONL file by default, a Redis Stream when the store is Redis (through the store's client,
-so this module imports no I/O library).
+a JSONL file by default (rotated by size), a Redis Stream when the store is Redis (through the
+store's client, so this module imports no I/O library).
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import fcntl
 import logging
 import os
 import threading
@@ -19,6 +20,7 @@ from typing import Any, Protocol
 import orjson
 
 from .budget import Ledger, usd
+from .config import DEFAULT_RECORDS_KEEP, DEFAULT_RECORDS_MAX_BYTES
 
 log = logging.getLogger("ragtoll.records")
 END_EXPLICIT = "explicit"
@@ -71,24 +73,87 @@ class RecordSink(Protocol):
 
 
 class JsonlSink:
-    """Appends one JSON line per record; a lock keeps lines whole when records end concurrently."""
+    """Appends one JSON line per record to `path`, rotating the file by size so records cannot fill a disk.
 
-    def __init__(self, path: str) -> None:
+    Before lines would take `path` past `max_bytes`, it is renamed to `path.1` (`.1` to `.2`, ...,
+    keeping `keep` rotated files; older ones are dropped). A line never straddles two files and is
+    never cut: a batch is split between lines only, a line longer than `max_bytes` gets a file of its
+    own, and a write that fails part-way (a full disk) is truncated back to where it started.
+    Appends and rotations hold an exclusive `flock` on the file at `path`, so several processes may
+    share it; within a process a lock keeps concurrent appends (a sweep's batch, an admin end) whole.
+    """
+
+    def __init__(self, path: str, max_bytes: int = DEFAULT_RECORDS_MAX_BYTES,
+                 keep: int = DEFAULT_RECORDS_KEEP) -> None:
         self.path = path
+        self.max_bytes = max_bytes
+        self.keep = keep
         self._lock = threading.Lock()
 
     def _write(self, data: bytes) -> None:
+        """Append `data` (whole lines), rotating first, or between lines, as often as it takes."""
         with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            fd = self._open_locked()
             try:
-                view = memoryview(data)
-                while view:  # a regular file takes it all at once; a full disk may take part
-                    view = view[os.write(fd, view):]
+                size = os.fstat(fd).st_size
+                start = 0
+                while start < len(data):
+                    end = len(data)
+                    if size + end - start > self.max_bytes:
+                        # the most whole lines that fit; none fit: rotate first, or write one line alone
+                        end = data.rfind(b"\n", start, start + max(0, self.max_bytes - size)) + 1
+                        if end <= start:
+                            if size > 0:
+                                fd = self._rotate(fd)
+                                size = 0
+                                continue
+                            end = data.index(b"\n", start) + 1
+                    _append(fd, data[start:end], size)
+                    size += end - start
+                    start = end
             finally:
-                os.close(fd)
+                os.close(fd)  # releases the flock
+
+    def _open_locked(self) -> int:
+        """An append descriptor of the file now at `path`, under an exclusive flock."""
+        while True:
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                held, now = os.fstat(fd), os.stat(self.path)
+                if (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino):
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)  # another process rotated the file while we waited for its lock: take the new one
+
+    def _rotate(self, fd: int) -> int:
+        """Shift `path` to `path.1` (and each `.n` to `.n+1`) while holding `fd`'s lock; returns the new file's."""
+        n = self.keep + 1
+        while os.path.exists(f"{self.path}.{n}"):  # left over from a larger `keep`
+            os.unlink(f"{self.path}.{n}")
+            n += 1
+        for n in range(self.keep - 1, 0, -1):
+            if os.path.exists(f"{self.path}.{n}"):
+                os.replace(f"{self.path}.{n}", f"{self.path}.{n + 1}")
+        os.replace(self.path, f"{self.path}.1")
+        new = self._open_locked()
+        os.close(fd)
+        return new
 
     async def append(self, records: Sequence[Mapping[str, Any]]) -> None:
         await asyncio.to_thread(self._write, b"".join(orjson.dumps(r) + b"\n" for r in records))
+
+
+def _append(fd: int, data: bytes, size: int) -> None:
+    """Write all of `data` at the end of `fd` (at `size`); on failure cut the file back to `size`."""
+    view = memoryview(data)
+    try:
+        while view:  # a regular file takes it all at once; a full disk may take part
+            view = view[os.write(fd, view):]
+    except OSError:
+        os.ftruncate(fd, size)
+        raise
 
 
 class StreamSink:
@@ -101,10 +166,12 @@ class StreamSink:
         await self._store.append_records(records)
 
 
-def open_sink(store: Any, records_file: str) -> RecordSink:
+def open_sink(store: Any, records_file: str, *, max_bytes: int = DEFAULT_RECORDS_MAX_BYTES,
+              keep: int = DEFAULT_RECORDS_KEEP) -> RecordSink:
+    """The Redis Stream of a Redis store, else the JSONL file (rotated past `max_bytes`, `keep` kept)."""
     if hasattr(store, "append_records"):
         return StreamSink(store)
-    return JsonlSink(records_file)
+    return JsonlSink(records_file, max_bytes, keep)
 
 
 class TaskEnder:

@@ -101,21 +101,27 @@ def parse_records(items: Iterable[tuple[Any, str]]) -> list[dict[str, Any]]:
 
 
 def read_jsonl(path: str) -> list[dict[str, Any]]:
-    """Records of a JSONL file; blank lines skipped, any other bad line is an error naming it."""
-    try:
-        with open(path, "rb") as fh:
-            lines = fh.read().splitlines()
-    except OSError as exc:
-        raise ReportError(f"cannot read task records {path!r}: {exc.strerror}") from exc
+    """Records of a JSONL file and of the files the sink rotated it to (`path.N` ... `path.1`, read
+    oldest first); blank lines skipped, any other bad line is an error naming its file and line."""
+    import glob
+
+    suffixes = (p[len(path) + 1:] for p in glob.glob(glob.escape(path) + ".*"))
+    rotated = {int(s): f"{path}.{s}" for s in suffixes if s.isdecimal()}
     items = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for name in [*(rotated[n] for n in sorted(rotated, reverse=True)), path]:
         try:
-            raw = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
-            raise ReportError(f"{path}:{n}: not JSON ({exc})") from exc
-        items.append((raw, f"{path}:{n}"))
+            with open(name, "rb") as fh:
+                lines = fh.read().splitlines()
+        except OSError as exc:
+            raise ReportError(f"cannot read task records {name!r}: {exc.strerror}") from exc
+        for n, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                raw = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise ReportError(f"{name}:{n}: not JSON ({exc})") from exc
+            items.append((raw, f"{name}:{n}"))
     return parse_records(items)
 
 

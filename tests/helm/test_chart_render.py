@@ -2,8 +2,8 @@
 
 Each helm/ragtoll/ci/*-values.yaml is rendered by Helm v4 (helm-python-sdk, in-process) and every
 document is checked by kubernetes-validate's strict schemas for 1.29, 1.33 and the newest bundled
-version. Bad values are rejected by values.schema.json or by the NOTES.txt checks with a message
-that names the key and the fix.
+version. Bad values are rejected by values.schema.json or by the checks in _validate.tpl, under
+`helm template` and `helm lint` alike, with a message that names the key and the fix.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ CI_NAMES = [p.name.removesuffix("-values.yaml") for p in CI_VALUES]
 
 
 def test_every_feature_has_a_ci_values_file() -> None:
-    assert set(CI_NAMES) >= {"sidecar-native", "sidecar-classic", "gateway-redis", "jaeger", "networkpolicy"}
+    assert set(CI_NAMES) >= {"sidecar-native", "sidecar-classic", "gateway-redis", "jaeger", "networkpolicy",
+                             "records-rotation", "grafana-dashboard", "prometheus-rule"}
 
 
 @pytest.mark.parametrize("name", CI_NAMES)
@@ -94,6 +95,10 @@ def test_validation_catches_a_broken_manifest() -> None:
             {"networkPolicy": {"enabeld": True}},
             "at '/networkPolicy': additional properties 'enabeld' not allowed",
         ),
+        (
+            {"config": {"budgets": {"records_max_bytes": 1000}}},
+            "at '/config/budgets/records_max_bytes': minimum: got 1,000, want 65,536",
+        ),
     ],
 )
 def test_schema_rejects_bad_values_with_the_key(values: dict[str, Any], message: str) -> None:
@@ -106,60 +111,80 @@ def test_schema_rejects_bad_values_with_the_key(values: dict[str, Any], message:
 
 AGENT = {"agent": {"image": {"repository": "registry.example.com/agent"}}}
 
+# Value sets the chart refuses (templates/_validate.tpl), each with the start of its message.
+REFUSED = [
+    (
+        {"mode": "sidecar"},
+        "[ERROR] mode=sidecar renders your agent's Deployment and needs agent.image.repository",
+    ),
+    (
+        {"mode": "gateway", "replicaCount": 2},
+        "[ERROR] mode=gateway with several replicas (replicaCount > 1 or autoscaling.enabled) needs a shared store",
+    ),
+    (
+        {"mode": "gateway", "autoscaling": {"enabled": True}},
+        "[ERROR] mode=gateway with several replicas (replicaCount > 1 or autoscaling.enabled) needs a shared store",
+    ),
+    (
+        {**AGENT, "redis": {"enabled": True}, "externalRedis": {"url": "redis://elsewhere:6379/0"}},
+        "[ERROR] redis.enabled starts a built-in Redis, but an external store is also set",
+    ),
+    (
+        {**AGENT, "redis": {"enabled": True}, "config": {"store": "redis+cluster://redis-0.redis:6379"}},
+        "[ERROR] redis.enabled starts a built-in Redis, but an external store is also set",
+    ),
+    (
+        {**AGENT, "externalRedis": {"url": "redis://r:6379/0", "existingSecret": "redis-url"}},
+        "[ERROR] externalRedis.url and externalRedis.existingSecret are both set",
+    ),
+    (
+        {"mode": "gateway", "config": {"server": {"host": "127.0.0.1"}}},
+        "[ERROR] mode=gateway needs ragtoll to accept connections from its Service, but config.server.host is 127.0.0.1",
+    ),
+    (
+        {**AGENT, "jaeger": {"enabled": True}, "otel": {"endpoint": "http://collector:4318"}},
+        "[ERROR] jaeger.enabled points OTLP export at the built-in Jaeger, but otel.endpoint is also set",
+    ),
+    (
+        {**AGENT, "configMap": {"create": True, "existingName": "mine"}},
+        "[ERROR] configMap.create=true and configMap.existingName are both set",
+    ),
+    (
+        {"agent": {"image": {"repository": "a"}, "envFromRoutes": {"dcos": "RETRIEVER_URL"}}},
+        '[ERROR] agent.envFromRoutes names upstream "dcos", which is not in config.upstreams (openai)',
+    ),
+    (
+        {"agent": {"image": {"repository": "a"}, "ports": [{"name": "http", "containerPort": 8787}]}},
+        '[ERROR] agent.ports "http" uses port 8787, which ragtoll listens on in the same pod',
+    ),
+    (
+        {**AGENT, "configMap": {"create": False}},
+        "[ERROR] configMap.create=false needs configMap.existingName",
+    ),
+    (
+        {**AGENT, "autoscaling": {"enabled": True, "minReplicas": 5, "maxReplicas": 2}},
+        "[ERROR] autoscaling.minReplicas is greater than autoscaling.maxReplicas.",
+    ),
+    (
+        {**AGENT, "podDisruptionBudget": {"enabled": True, "minAvailable": 1, "maxUnavailable": 1}},
+        "[ERROR] podDisruptionBudget sets both minAvailable and maxUnavailable",
+    ),
+]
 
-@pytest.mark.parametrize(
-    ("values", "message"),
-    [
-        (
-            {"mode": "sidecar"},
-            "[ERROR] mode=sidecar renders your agent's Deployment and needs agent.image.repository",
-        ),
-        (
-            {"mode": "gateway", "replicaCount": 2},
-            "[ERROR] mode=gateway with several replicas (replicaCount > 1 or autoscaling.enabled) needs a shared store",
-        ),
-        (
-            {"mode": "gateway", "autoscaling": {"enabled": True}},
-            "[ERROR] mode=gateway with several replicas (replicaCount > 1 or autoscaling.enabled) needs a shared store",
-        ),
-        (
-            {**AGENT, "redis": {"enabled": True}, "externalRedis": {"url": "redis://elsewhere:6379/0"}},
-            "[ERROR] redis.enabled starts a built-in Redis, but an external store is also set",
-        ),
-        (
-            {**AGENT, "redis": {"enabled": True}, "config": {"store": "redis+cluster://redis-0.redis:6379"}},
-            "[ERROR] redis.enabled starts a built-in Redis, but an external store is also set",
-        ),
-        (
-            {**AGENT, "externalRedis": {"url": "redis://r:6379/0", "existingSecret": "redis-url"}},
-            "[ERROR] externalRedis.url and externalRedis.existingSecret are both set",
-        ),
-        (
-            {"mode": "gateway", "config": {"server": {"host": "127.0.0.1"}}},
-            "[ERROR] mode=gateway needs ragtoll to accept connections from its Service, but config.server.host is 127.0.0.1",
-        ),
-        (
-            {**AGENT, "jaeger": {"enabled": True}, "otel": {"endpoint": "http://collector:4318"}},
-            "[ERROR] jaeger.enabled points OTLP export at the built-in Jaeger, but otel.endpoint is also set",
-        ),
-        (
-            {**AGENT, "configMap": {"create": True, "existingName": "mine"}},
-            "[ERROR] configMap.create=true and configMap.existingName are both set",
-        ),
-        (
-            {"agent": {"image": {"repository": "a"}, "envFromRoutes": {"dcos": "RETRIEVER_URL"}}},
-            '[ERROR] agent.envFromRoutes names upstream "dcos", which is not in config.upstreams (openai)',
-        ),
-        (
-            {"agent": {"image": {"repository": "a"}, "ports": [{"name": "http", "containerPort": 8787}]}},
-            '[ERROR] agent.ports "http" uses port 8787, which ragtoll listens on in the same pod',
-        ),
-    ],
-)
+
+@pytest.mark.parametrize(("values", "message"), REFUSED)
 def test_contradictory_values_fail_with_the_fix(values: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmRenderError) as caught:
         render(values)
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(("values", "message"), REFUSED)
+def test_contradictory_values_fail_helm_lint(values: dict[str, Any], message: str) -> None:
+    # Helm's `fail` is a no-op under `helm lint`; ragtoll-sidecar.fail makes lint report it too.
+    findings = lint(values)
+    # lint quotes the message as Go's %q does, so embedded double quotes come back escaped
+    assert any(message in f.replace('\\"', '"') for f in findings), findings
 
 
 def test_gateway_with_redis_and_several_replicas_is_fine() -> None:

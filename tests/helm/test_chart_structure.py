@@ -7,6 +7,7 @@ referenced, trace context is not sent upstream by default, and the ConfigMap's c
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -332,3 +333,29 @@ def test_library_example_chart(native: bool, tmp_path: Path) -> None:
 def test_library_and_example_charts_lint_strict_clean() -> None:
     assert lint(chart=EXAMPLE) == []
     assert lint(chart=CHART.parent / "ragtoll-sidecar") == []
+
+
+def _bytes(quantity: str) -> int:
+    number, unit = re.fullmatch(r"(\d+)(Ki|Mi|Gi)?", quantity).groups()  # type: ignore[union-attr]
+    return int(number) * {None: 1, "Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}[unit]
+
+
+@pytest.mark.parametrize(
+    ("values", "max_bytes", "keep"),
+    [
+        ({"agent": {"image": {"repository": "a"}}}, 16 * 1024**2, 3),  # ragtoll's defaults
+        (ci_values("records-rotation"), 32 * 1024**2, 5),
+        ({"mode": "gateway", "config": {"budgets": {"records_max_bytes": 100_000, "records_keep": 1}}}, 100_000, 1),
+    ],
+)
+def test_records_volume_holds_every_rotated_file(values: dict[str, Any], max_bytes: int, keep: int) -> None:
+    docs = documents(render(values))
+    spec = pod_spec(docs)
+    ragtoll = by_name(list(containers(spec)), "ragtoll")
+    records_file = env_values(ragtoll)["RAGTOLL_BUDGETS__RECORDS_FILE"]
+    [mount] = [m for m in ragtoll["volumeMounts"] if records_file.startswith(m["mountPath"] + "/")]
+    limit = _bytes(by_name(spec["volumes"], mount["name"])["emptyDir"]["sizeLimit"])
+    budgets = ragtoll_config(docs).get("budgets", {})
+    assert (budgets.get("records_max_bytes", 16 * 1024**2), budgets.get("records_keep", 3)) == (max_bytes, keep)
+    # the records file and `keep` rotated files at most max_bytes each, and scratch room besides
+    assert (keep + 1) * max_bytes + 16 * 1024**2 <= limit <= (keep + 1) * max_bytes + 64 * 1024**2

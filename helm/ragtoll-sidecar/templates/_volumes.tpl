@@ -8,10 +8,10 @@ dict as the container plus `configMapName` (the ConfigMap holding ragtoll.yaml).
 - name: ragtoll-config
   configMap:
     name: {{ required "ragtoll-sidecar: v.configMapName (the ConfigMap with ragtoll.yaml) is required" .configMapName | quote }}
-# The root filesystem is read-only; Python and tiktoken may want a scratch directory.
+# The root filesystem is read-only: task records and Python's scratch files go here.
 - name: ragtoll-tmp
   emptyDir:
-    sizeLimit: 64Mi
+    sizeLimit: {{ include "ragtoll-sidecar.tmpSizeLimit" . }}
 {{- $jwks := .jwks | default dict }}
 {{- if $jwks.secretName }}
 - name: ragtoll-jwks
@@ -35,6 +35,20 @@ dict as the container plus `configMapName` (the ConfigMap holding ragtoll.yaml).
 {{- with .volumeMounts }}
 {{ toYaml . }}
 {{- end }}
+{{- end -}}
+
+{{/*
+The size limit of ragtoll's /tmp emptyDir, which holds the task records (RAGTOLL_BUDGETS__RECORDS_FILE):
+the records file and its rotated files, (records.keep + 1) x records.maxBytes, rounded up to MiB,
+plus 32Mi of scratch. The kubelet evicts a pod whose emptyDir outgrows its limit, so this follows
+ragtoll's own rotation settings (budgets.records_max_bytes / records_keep; defaults 16 MiB and 3).
+*/}}
+{{- define "ragtoll-sidecar.tmpSizeLimit" -}}
+{{- $records := .records | default dict -}}
+{{- $maxBytes := $records.maxBytes | default 16777216 | int64 -}}
+{{- $keep := $records.keep | default 3 | int64 -}}
+{{- $mib := 1048576 -}}
+{{- printf "%dMi" (add (div (add (mul (add $keep 1) $maxBytes) (sub $mib 1)) $mib) 32) -}}
 {{- end -}}
 
 {{/* Where a JWKS secret is mounted; point identity.jwt.jwks_file at <this>/<key>. */}}

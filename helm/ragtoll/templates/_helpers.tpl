@@ -204,4 +204,7 @@ resources: {{ toYaml .Values.resources | nindent 2 }}
 securityContext: {{ toYaml .Values.securityContext | nindent 2 }}
 probes: {{ toYaml .Values.probes | nindent 2 }}
 volumeMounts: {{ toYaml .Values.extraVolumeMounts | nindent 2 }}
+records:
+  maxBytes: {{ get $budgets "records_max_bytes" | default 16777216 | int64 }}
+  keep: {{ get $budgets "records_keep" | default 3 | int64 }}
 {{- end }}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import pathlib
+import re
 
 import orjson
 import pytest
@@ -48,6 +49,35 @@ def test_table_by_class_and_route(records: list[dict[str, object]]) -> None:
     assert _row(by_class, "procedural").accuracy == 1.0
     by_route = report.summarize(records, "route")
     assert [r.group for r in by_route] == ["openai", "all"]
+    # a record's route is its first call's: the table says so rather than passing it off as the task's
+    table = report.format_rows(by_route, "table", "route").splitlines()
+    assert table[0].startswith("route (first call)  tasks") and table[2].startswith("openai ")
+
+
+def test_money_keeps_three_significant_digits_at_any_size() -> None:
+    cases = {
+        0.0328: "$0.0328",
+        0.353: "$0.353",
+        0.0099: "$0.00990",
+        0.0000012: "$0.00000120",
+        0.09996: "$0.100",
+        0.99996: "$1.00",
+        12.345: "$12.3",
+        1234.5: "$1,234",
+        0: "$0",
+        -0.0021: "-$0.00210",
+    }
+    assert {v: report.format_usd(v) for v in cases} == cases
+
+
+def test_table_prints_small_costs_readably(records: list[dict[str, object]]) -> None:
+    cheap = [dict(r, cost_usd=float(r["cost_usd"]) / 1000) for r in records]  # cached lookups cost cents/1000
+    (tight,) = [
+        line for line in report.format_rows(report.summarize(cheap)).splitlines() if line.startswith("tight")
+    ]
+    cells = tight.split()
+    assert not [c for c in cells if re.fullmatch(r"\$0\.0*", c)]  # the old table printed $0.00000 here
+    assert "$0.00000298" in cells  # cost per task: 0.0179 / 6 / 1000
 
 
 def test_percentile_interpolates_like_numpy() -> None:

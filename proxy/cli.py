@@ -128,24 +128,54 @@ def _add_evaluation_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     demo.add_argument("--records", metavar="DIR",
                       help="keep the task records in DIR/shadow.jsonl and DIR/enforced.jsonl")
     demo.add_argument("--format", choices=("table", "json"), default="table")
-    for name, helptext in (("report", "the evaluation table over task records"),
-                           ("recommend", "suggested budget limits per profile from observed tasks")):
-        p = sub.add_parser(name, help=helptext)
-        p.add_argument("records", nargs="?", help="task records JSONL file (or use --redis-url and --stream)")
+    demo.add_argument("--plot", metavar="FILE",
+                      help="write the shadow-vs-enforced figure (.png, .svg or .pdf; needs matplotlib)")
+    report = sub.add_parser("report", help="the evaluation table over task records; several files compare runs")
+    report.add_argument("records", nargs="*", metavar="FILE",
+                        help="task records JSONL files, one run each (or use --redis-url and --stream)")
+    report.add_argument("--label", action="append", metavar="NAME",
+                        help="name of the run, once per file in order (default: the file's stem)")
+    report.add_argument("--by", choices=("profile", "class", "route"), default="profile")
+    report.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    report.add_argument("--plot", metavar="FILE",
+                        help="write the comparison figure (.png, .svg or .pdf; the plot extra: matplotlib)")
+    report.add_argument("--config", metavar="FILE", help="ragtoll config whose profile limits the figure draws")
+    report.add_argument("--top", type=int, default=8, metavar="N", help="costliest tasks in the figure (8)")
+    recommend = sub.add_parser("recommend", help="suggested budget limits per profile from observed tasks")
+    recommend.add_argument("records", nargs="?", help="task records JSONL file (or use --redis-url and --stream)")
+    recommend.add_argument("--percentile", type=float, default=95.0, help="percentile of correct tasks' use (95)")
+    recommend.add_argument("--headroom", type=float, default=1.2, help="multiplier on that percentile (1.2)")
+    for p in (report, recommend):
         p.add_argument("--redis-url", help="read a Redis Stream of task records instead of a file")
         p.add_argument("--stream", default="ragtoll:records", help="stream key (default: ragtoll:records)")
-        if name == "report":
-            p.add_argument("--by", choices=("profile", "class", "route"), default="profile")
-            p.add_argument("--format", choices=("table", "json", "csv"), default="table")
-            p.add_argument("--plot", metavar="FILE", help="write cost and budget-use pictures (.html or .svg)")
-        else:
-            p.add_argument("--percentile", type=float, default=95.0, help="percentile of correct tasks' use (95)")
-            p.add_argument("--headroom", type=float, default=1.2, help="multiplier on that percentile (1.2)")
+
+
+def _plot_unavailable(command: str, path: str) -> bool:
+    """Print why `--plot` cannot work (no matplotlib, or a format it does not write); True then."""
+    from .errors import RagtollError
+
+    try:
+        from . import report_plot
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "matplotlib":
+            raise
+        print(f"ragtoll {command}: --plot needs matplotlib, from the plot extra: pip install 'ragtoll[plot]'",
+              file=sys.stderr)
+        return True
+    try:
+        report_plot.plot_format(path)
+    except RagtollError as exc:
+        print(f"ragtoll {command}: {exc}", file=sys.stderr)
+        return True
+    return False
 
 
 def _run_evaluation_command(args: argparse.Namespace) -> int:
     from .errors import RagtollError
 
+    plot = getattr(args, "plot", None)
+    if plot and _plot_unavailable(args.command, plot):  # before minutes of demo or a long read
+        return 2
     try:
         if args.command == "demo":
             try:
@@ -156,30 +186,41 @@ def _run_evaluation_command(args: argparse.Namespace) -> int:
                 return 2
 
             return demo_main(quick=args.quick, keep_running=args.keep_running, records=args.records,
-                             fmt=args.format)
-        from . import report
+                             fmt=args.format, plot=plot)
+        from . import report, report_compare
 
-        if args.redis_url:
-            records = report.read_stream(args.redis_url, args.stream)
-        elif args.records:
-            records = report.read_jsonl(args.records)
-        else:
+        # report takes several files (one run each), recommend one
+        files = args.records if args.command == "report" else [args.records] if args.records else []
+        if not files and not args.redis_url:
             print(f"ragtoll {args.command}: give a task records file or --redis-url URL", file=sys.stderr)
             return 2
+        profiles = None
+        if args.command == "report" and args.config:  # a bad config fails before any output
+            from . import config
+
+            settings = config.load({}, args.config)
+            profiles = {name: p.limits() for name, p in settings.budgets.profiles.items()}
+        runs = []
+        if args.redis_url:
+            runs.append((args.stream, report.read_stream(args.redis_url, args.stream)))
+        runs += [(path, report.read_jsonl(path)) for path in files]
         if args.command == "recommend":
+            records = [r for _, recs in runs for r in recs]
             advice = report.recommend(records, args.percentile, args.headroom)
             sys.stdout.write(report.format_advice(advice, args.percentile, args.headroom))
             return 0
-        rows = report.summarize(records, args.by)
-        sys.stdout.write(report.format_rows(rows, args.format, args.by))
-        if args.plot:
+        labels = report_compare.run_labels([source for source, _ in runs], args.label)
+        compared = [report_compare.Run(label, recs) for label, (_, recs) in zip(labels, runs, strict=True)]
+        if len(compared) == 1:  # one run: the table as it always was, no run column
+            rows = report.summarize(compared[0].records, args.by)
+            sys.stdout.write(report.format_rows(rows, args.format, args.by))
+        else:
+            sys.stdout.write(report_compare.format_runs(compared, args.format, args.by))
+        if plot:
             from . import report_plot
 
-            fmt = "svg" if args.plot.lower().endswith(".svg") else "html"
-            page = report_plot.render(records, args.by, fmt, report.format_rows(rows, "table", args.by))
-            with open(args.plot, "w", encoding="utf-8") as fh:
-                fh.write(page)
-            print(f"wrote {args.plot}", file=sys.stderr)
+            report_plot.render(compared, args.by, plot, profiles=profiles, top=args.top)
+            print(f"wrote {plot}", file=sys.stderr)
         return 0
     except (RagtollError, OSError) as exc:
         print(f"ragtoll {args.command}: {exc}", file=sys.stderr)

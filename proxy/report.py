@@ -295,8 +295,25 @@ def _cell(value: Any, fmt: str) -> str:
     if fmt == "%":
         return f"{value * 100:.1f}%"
     if fmt == "$":
-        return f"${value:.5f}" if value < 0.1 else f"${value:.3f}"
+        return format_usd(value)
     return format(value, fmt)
+
+
+def format_usd(value: float, digits: int = 3) -> str:
+    """Dollars to `digits` significant digits, never in exponent form: $0.0130, $0.353, $0.00000120.
+
+    A cost per task spans six orders of magnitude (a cached lookup to a runaway investigation), so a
+    fixed number of decimals either prints $0.00000 or hides the cents of the large ones.
+    """
+    if value == 0 or not math.isfinite(value):
+        return f"${value:g}"
+    if abs(value) >= 10 ** (digits - 1):
+        return f"${value:,.0f}"
+    decimals = digits - 1 - math.floor(math.log10(abs(value)))
+    text = f"{abs(value):.{decimals}f}"
+    if len(text.replace(".", "").lstrip("0")) > digits:  # rounding carried into a new digit (0.09996)
+        text = f"{abs(value):.{decimals - 1}f}"
+    return ("-$" if value < 0 else "$") + text
 
 
 def format_rows(rows: Sequence[Row], fmt: str = "table", by: str = "profile") -> str:
@@ -312,17 +329,28 @@ def format_rows(rows: Sequence[Row], fmt: str = "table", by: str = "profile") ->
         return buf.getvalue()
     if fmt != "table":
         raise ReportError(f"unknown format {fmt!r}; expected table, json or csv")
-    header = [by if key == "group" else title for key, title, _ in _COLUMNS]
-    body = [[_cell(getattr(r, key), f) for key, _, f in _COLUMNS] for r in rows]
-    return render_table(header, body)
+    return render_table(table_header(by), [table_cells(r) for r in rows])
 
 
-def render_table(header: Sequence[str], body: Sequence[Sequence[str]]) -> str:
+def table_header(by: str) -> list[str]:
+    """The table's column titles; the first names what rows are grouped by."""
+    # a record's route is its first call's (the one profile rules match), so say which route it is
+    first = "route (first call)" if by == "route" else by
+    return [first if key == "group" else title for key, title, _ in _COLUMNS]
+
+
+def table_cells(row: Row) -> list[str]:
+    """One row of the table as text (money to three significant digits, rates in percent)."""
+    return [_cell(getattr(row, key), f) for key, _, f in _COLUMNS]
+
+
+def render_table(header: Sequence[str], body: Sequence[Sequence[str]], left: int = 1) -> str:
+    """Aligned text columns: the first `left` columns flush left (names), the rest flush right."""
     widths = [max(len(str(c)) for c in col) for col in zip(header, *body)]
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
-            str(c).ljust(w) if i == 0 else str(c).rjust(w)
+            str(c).ljust(w) if i < left else str(c).rjust(w)
             for i, (c, w) in enumerate(zip(cells, widths, strict=False))
         ).rstrip()
 

@@ -361,8 +361,22 @@ def _hold(out: TextIO, base: str, stack: Stack, token: str, stop: threading.Even
         out.write("stopping\n")
 
 
+def write_plot(result: DemoResult, path: str) -> None:
+    """The shadow-vs-enforced figure of `ragtoll report --plot`, by class, with the demo's limits."""
+    from .. import report_plot
+    from ..report_compare import Run
+
+    runs = [Run("shadow", result.shadow.records), Run("enforced", result.enforced.records)]
+    report_plot.render(runs, "class", path, profiles=PROFILES)
+
+
 def main(
-    *, quick: bool = False, keep_running: bool = False, records: str | None = None, fmt: str = "table"
+    *,
+    quick: bool = False,
+    keep_running: bool = False,
+    records: str | None = None,
+    fmt: str = "table",
+    plot: str | None = None,
 ) -> int:
     if fmt == "json":
         import orjson
@@ -385,4 +399,7 @@ def main(
         )
     else:
         result = run_demo(quick=quick, keep_running=keep_running, records=records)
+    if plot:
+        write_plot(result, plot)
+        print(f"wrote {plot}", file=sys.stderr)
     return 1 if result.acl_violations else 0

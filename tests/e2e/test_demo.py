@@ -143,3 +143,43 @@ def test_cli_demo_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> 
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     assert "--keep-running" in capsys.readouterr().out
+
+
+def test_demo_figure_is_drawn_from_the_records_it_kept(demo: tuple, tmp_path: pathlib.Path) -> None:
+    from PIL import Image
+    from ragtoll.proxy import report_compare
+
+    result, _, records, _ = demo
+    path = tmp_path / "demo.png"
+    runner.write_plot(result, str(path))
+    with Image.open(path) as image:
+        assert image.format == "PNG" and image.width > 1200 and image.height > 900
+    drawn = [
+        report_compare.Run("shadow", result.shadow.records),
+        report_compare.Run("enforced", result.enforced.records),
+    ]
+    kept = [
+        report_compare.Run(n, report.read_jsonl(str(records / f"{n}.jsonl"))) for n in ("shadow", "enforced")
+    ]
+    # `ragtoll report DIR/shadow.jsonl DIR/enforced.jsonl --by class` draws the same panels
+    assert report_compare.means(drawn, "class", "cost_usd") == report_compare.means(kept, "class", "cost_usd")
+    # the demo's profiles give every class its limits, drawn over the bars
+    limits = report_compare.group_limits(drawn, "class", runner.PROFILES)
+    assert (
+        limits["simple_fact"]["max_retrieval_calls"] == 1 and limits["investigative"]["max_cost_usd"] == 0.15
+    )
+    # the costliest task is the runaway, matched across the runs, stopped where its record says
+    (runaway,) = [r for r in result.enforced.records if r["task_id"].endswith("-q08")]
+    top = report_compare.runaways(drawn, "class", top=1)[0]
+    assert (top.key, top.group) == ("q08", "investigative")
+    assert top.stopped["enforced"] == runaway["exhausted"] and top.stopped["shadow"].startswith("would: ")
+    assert top.cost_usd["enforced"] == runaway["cost_usd"] < top.cost_usd["shadow"]
+
+
+def test_cli_demo_plot_writes_the_figure(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--quick", "--plot", str(tmp_path / "demo.html")]) == 2  # refused before running
+    assert "name a .png, .svg or .pdf file" in capsys.readouterr().err
+    path = tmp_path / "demo.svg"
+    assert main(["demo", "--quick", "--plot", str(path)]) == 0
+    assert f"wrote {path}" in capsys.readouterr().err
+    assert path.read_text().lstrip().startswith("<?xml") and "<svg" in path.read_text()

@@ -236,10 +236,11 @@ def install(
 
     When the environment names a task (RAGTOLL_TASK_ID, TRACEPARENT, BAGGAGE ragtoll.task.id or
     RAGTOLL_TASK_ROOT=process) the process gets one span context that every thread and task starts
-    from: the TRACEPARENT parent, else the task's virtual root (the trace and span id the proxy
-    derives from the task id, so the agent's spans hang under the proxy's `ragtoll.task` span),
-    else a fresh trace; and the task id is pinned in baggage (RAGTOLL_TASK_ID, else the trace id,
-    which is the id the proxy would derive from the traceparent).
+    from: the TRACEPARENT parent, else the task's virtual root (the span id the proxy derives from
+    the task id, so the agent's spans hang under the proxy's `ragtoll.task` span, the trace's one
+    root); and the task id is pinned in baggage (RAGTOLL_TASK_ID, else the trace id, which is the
+    id the proxy would derive from the traceparent). RAGTOLL_TASK_ROOT=process with neither names a
+    new task by a fresh trace id, and records the process as a `task <script>` span under the root.
     """
     env = os.environ if env is None else env
     settings = settings_from_env(env)
@@ -251,16 +252,24 @@ def install(
     process_span: SpanContext | None = settings.parent
     if process_span is None and BAGGAGE_TASK_ID in members:
         process_span = _virtual_root(members[BAGGAGE_TASK_ID])
+    if process_span is None and settings.task_root:
+        # A new task, named by its trace id (as the proxy names a traceparent task). The proxy
+        # records its `ragtoll.task` span under the id it derives for that name and with no parent,
+        # so the process span below must hang under it: a process span of its own as the root would
+        # make the trace two-rooted (the task's calls arrive as baggage-named, not as children).
+        trace_id = int.from_bytes(secrets.token_bytes(16), "big") or 1
+        members[BAGGAGE_TASK_ID] = f"{trace_id:032x}"
+        process_span = _virtual_root(members[BAGGAGE_TASK_ID], trace_id)
     if process_span is not None:
         ctx = trace.set_span_in_context(NonRecordingSpan(process_span), ctx)
     if settings.task_root:
         tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(TRACER_NAME)
         root_span = tracer.start_span(_root_name(), context=ctx, kind=trace.SpanKind.INTERNAL)
-        process_span = root_span.get_span_context()
-        if not process_span.is_valid:  # no SDK configured: still send one trace per process
-            process_span = _random_span_context(trace.get_current_span(ctx).get_span_context())
+        if root_span.get_span_context().is_valid:
+            process_span = root_span.get_span_context()
+            ctx = trace.set_span_in_context(root_span, ctx)
+        else:  # no SDK configured: the calls still carry the task's root
             root_span = None
-        ctx = trace.set_span_in_context(root_span or NonRecordingSpan(process_span), ctx)
     if process_span is not None:
         members.setdefault(BAGGAGE_TASK_ID, f"{process_span.trace_id:032x}")
         if root_span is not None:
@@ -324,20 +333,17 @@ def _root_name() -> str:
     return f"task {script}"
 
 
-def _virtual_root(task_id: str) -> SpanContext:
-    """The ids proxy/pipeline.py parents a named task's calls on (proxy/stages/identify.py
-    `derived_trace_id`/`derived_span_id`; tests/instrumentation/test_agent.py keeps them equal).
-    Spelled out here so the agent side imports nothing of the proxy."""
+def _virtual_root(task_id: str, trace_id: int | None = None) -> SpanContext:
+    """The ids proxy/pipeline.py parents a named task's calls on, and the proxy's `ragtoll.task`
+    span takes (proxy/stages/identify.py `derived_trace_id`/`derived_span_id`;
+    tests/instrumentation/test_agent.py keeps them equal). `trace_id`: the trace the calls carry,
+    when not the one derived from the name. Spelled out here so the agent side imports nothing of
+    the proxy."""
     data = task_id.encode()
-    trace_id = xxhash.xxh3_128_intdigest(b"ragtoll.task:" + data) or 1
+    if trace_id is None:
+        trace_id = xxhash.xxh3_128_intdigest(b"ragtoll.task:" + data) or 1
     span_id = xxhash.xxh3_64_intdigest(b"ragtoll.task.root:" + data) or 1
     return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(TraceFlags.SAMPLED))
-
-
-def _random_span_context(parent: SpanContext) -> SpanContext:
-    trace_id = parent.trace_id if parent.is_valid else int.from_bytes(secrets.token_bytes(16), "big") or 1
-    return SpanContext(trace_id, int.from_bytes(secrets.token_bytes(8), "big") or 1, is_remote=False,
-                       trace_flags=TraceFlags(TraceFlags.SAMPLED))
 
 
 def _traceparent(span: SpanContext) -> str:

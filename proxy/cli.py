@@ -181,8 +181,8 @@ def _run_evaluation_command(args: argparse.Namespace) -> int:
             try:
                 from .demo.runner import main as demo_main
             except ImportError as exc:  # the demo's agent is written against the openai SDK
-                print(f"ragtoll: the demo needs the demo extra ({exc.name} is missing): "
-                      "pip install 'ragtoll[demo]'", file=sys.stderr)
+                print(f"ragtoll: the demo needs the demo extra ({exc.name} is missing); in the ragtoll "
+                      "checkout: pip install -e '.[demo]'", file=sys.stderr)
                 return 2
 
             return demo_main(quick=args.quick, keep_running=args.keep_running, records=args.records,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from conftest import ProxyFactory, Telemetry, Upstream
 from opentelemetry.trace import SpanKind
@@ -26,6 +27,7 @@ from support.servers import serve_in_thread
 AGENT = Path(__file__).parent / "agents" / "legacy_agent.py"
 INSTRUMENT = str(Path(sys.executable).parent / "opentelemetry-instrument")
 CALLS = ["chat", "search", "chat thread 0", "chat thread 1", "chat async", "echo"]
+ADMIN = "zero-code-admin-token"
 BUDGETS = {"default_profile": "bounded",
            "profiles": {"bounded": {"max_steps": 8}, "tight": {"max_steps": 6, "max_calls": 10}}}
 
@@ -69,15 +71,21 @@ def run_agent(base: str, otlp: OtlpReceiver, *, instrumented: bool, **extra: str
 
 
 def call_spans(telemetry: Telemetry) -> list[Any]:
-    return [s for s in telemetry.spans() if "ragtoll.task.id" in (s.attributes or {})]
+    return [s for s in telemetry.spans()
+            if "ragtoll.task.id" in (s.attributes or {}) and s.name != "ragtoll.task"]
 
 
 def test_agent_under_opentelemetry_instrument_is_one_task_with_env_budget(
-    proxy: ProxyFactory, telemetry: Telemetry, upstream: Upstream, otlp: OtlpReceiver
+    proxy: ProxyFactory, telemetry: Telemetry, upstream: Upstream, otlp: OtlpReceiver,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", ADMIN)  # read by the in-process proxy, not passed to the agent
     with proxy(budgets=BUDGETS) as base:
         run = run_agent(base, otlp, instrumented=True, RAGTOLL_TASK_ROOT="process",
                         RAGTOLL_BUDGET_PROFILE="tight", RAGTOLL_BUDGET_MAX_STEPS="4")
+        ended = httpx.post(f"{base}/admin/tasks/{run.tasks['chat']}/end",
+                           headers={"authorization": f"Bearer {ADMIN}"})
+        assert ended.status_code == 200, ended.text
     assert len(set(run.tasks.values())) == 1, run.tasks
     task_id = run.tasks["chat"]
     spans = call_spans(telemetry)
@@ -99,14 +107,23 @@ def test_agent_under_opentelemetry_instrument_is_one_task_with_env_budget(
     assert members["ragtoll.budget.profile"] == "tight"
     assert members["ragtoll.budget.max_steps"] == "4"
     assert members["ragtoll.task.id"] == task_id
-    # the agent's spans and the proxy's join into one tree: root -> agent HTTP span -> proxy server span
-    roots = [s for s in run.agent_spans if s["name"] == "task legacy_agent.py"]
-    assert len(roots) == 1 and roots[0]["parent_span_id"] == ""
+    # the agent's spans and the proxy's join into one tree with one root, the proxy's task span:
+    # ragtoll.task -> the agent's process span -> agent HTTP span -> proxy server span -> call span
+    (summary,) = telemetry.by_name("ragtoll.task")
+    assert summary.parent is None and f"{summary.context.trace_id:032x}" == task_id
+    assert summary.context.span_id == derived_span_id(task_id)
+    (process,) = [s for s in run.agent_spans if s["name"] == "task legacy_agent.py"]
+    assert process["parent_span_id"] == f"{summary.context.span_id:016x}"
     clients = {s["span_id"]: s for s in run.agent_spans if s["name"] in ("POST", "GET")}
     assert len(clients) == len(CALLS)
-    assert {s["parent_span_id"] for s in clients.values()} == {roots[0]["span_id"]}
+    assert {s["parent_span_id"] for s in clients.values()} == {process["span_id"]}
     servers = [s for s in telemetry.spans() if s.kind == SpanKind.SERVER]
     assert {f"{s.parent.span_id:016x}" for s in servers} == set(clients)
+    parents = {s["span_id"]: s["parent_span_id"] for s in run.agent_spans if s["trace_id"] == task_id}
+    parents.update({f"{s.context.span_id:016x}": f"{s.parent.span_id:016x}" if s.parent else ""
+                    for s in telemetry.spans()})
+    roots = [span for span, parent in parents.items() if parent not in parents]
+    assert roots == [f"{summary.context.span_id:016x}"]
 
 
 def test_task_id_from_env_puts_agent_spans_under_the_task_root(

@@ -178,12 +178,40 @@ def test_process_task_root_is_one_recorded_span_and_children_inherit_it(
     assert f"{span.parent.span_id:016x}" == PARENT.split("-")[2]
 
 
-def test_process_root_without_an_sdk_still_sends_one_trace() -> None:
+def test_a_new_process_task_hangs_its_process_span_under_the_proxys_task_root(
+    tracing: tuple[TracerProvider, InMemorySpanExporter], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    provider, exporter = tracing
+    for name in ("RAGTOLL_TASK_ROOT", "TRACEPARENT", "BAGGAGE"):  # undo what install() writes for children
+        monkeypatch.setenv(name, "")
+    hook = agent.install({"RAGTOLL_TASK_ROOT": "process"}, provider)
+    try:
+        headers = _inject_from_thread()
+    finally:
+        hook.uninstall()
+    (span,) = exporter.get_finished_spans()
+    task_id = hook.task_id
+    assert task_id is not None and task_id == f"{span.context.trace_id:032x}"  # named by its trace id
+    # the proxy names the task from baggage and records `ragtoll.task` at derived_span_id(task id)
+    # with no parent: the process span is its child, not a second root
+    assert span.parent is not None and span.parent.span_id == derived_span_id(task_id)
+    assert span.parent.trace_id == span.context.trace_id
+    assert headers["traceparent"].split("-")[2] == f"{span.context.span_id:016x}"
+    ref = Identifier(TasksConfig()).identify(headers, "client")
+    assert (ref.id, ref.source, f"{ref.trace_id:032x}") == (task_id, "baggage", task_id)
+
+
+def test_process_root_without_an_sdk_still_sends_one_trace_under_the_task_root(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("RAGTOLL_TASK_ROOT", "TRACEPARENT", "BAGGAGE"):  # undo what install() writes for children
+        monkeypatch.setenv(name, "")
     hook = agent.install({"RAGTOLL_TASK_ROOT": "process"}, trace.NoOpTracerProvider())
     try:
         first, second = _inject_from_thread(), _inject_on_main()
         assert first["traceparent"] == second["traceparent"]
         assert hook.task_id == first["traceparent"].split("-")[1]
+        assert first["traceparent"].split("-")[2] == f"{derived_span_id(hook.task_id):016x}"
     finally:
         hook.uninstall()
 

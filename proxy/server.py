@@ -17,7 +17,10 @@ import contextlib
 import logging
 import resource
 import signal
-from collections.abc import Callable
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from granian.constants import HTTPModes, Interfaces
@@ -80,3 +83,46 @@ async def serve(app: Any, cfg: ServerConfig, *, on_signal: Callable[[], None] | 
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on now (the demo's and the tests' servers; racy by nature, so loopback only)."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running(server: Server, host: str, port: int, *, ready: Callable[[], bool] = lambda: True) -> Iterator[str]:
+    """Run `server` on its own event loop in a background thread; yields its base URL once it
+    accepts connections and `ready()` holds (ragtoll: its lifespan has started); stops it on exit."""
+    loop = asyncio.new_event_loop()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(server.serve())
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            failed.append(exc)
+        finally:
+            loop.close()
+
+    thread = threading.Thread(target=run, name=f"ragtoll-server-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 15
+    while True:
+        if failed or not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"could not start a server on {host}:{port}: {failed[0] if failed else 'timed out'}")
+        if ready():
+            try:
+                socket.create_connection((host, port), timeout=0.2).close()
+                break
+            except OSError:
+                pass
+        time.sleep(0.01)
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        loop.call_soon_threadsafe(server.stop)
+        thread.join(timeout=15)

@@ -25,10 +25,11 @@ from typing import Any
 
 # aiohttp's C response parser (llhttp; 3.13 and 3.14 measured) leaves a body read waiting forever
 # when a chunked body turns malformed midway: the parse error reaches the connection, not the body
-# being read, and the read timer is dropped with it (tests/proxy/test_upstream.py). Its pure-Python
-# parser raises at once. aiohttp's documented switch picks the parser when aiohttp is first imported;
-# the cost, measured in bench/bench_proxy.py, is in the README. If something imported aiohttp
-# before ragtoll, `PARSER` says which one is in use.
+# being read, and the read timer is dropped with it (the garbage-mid-body case of
+# tests/reliability/test_upstream_faults.py). Its pure-Python parser raises at once. aiohttp's
+# documented switch picks the parser when aiohttp is first imported; the cost, measured in
+# bench/bench_proxy.py, is in the README. If something imported aiohttp before ragtoll, `PARSER`
+# says which parser is in use.
 os.environ.setdefault("AIOHTTP_NO_EXTENSIONS", "1")
 import aiohttp
 import httpx2 as httpx

@@ -268,7 +268,7 @@ def run_demo(
                 stack, enforce=enforce, records_file=path, token_file=token_file, embedder=embedder
             )
             app = build_app(settings, tracer_provider=tracer_provider)
-            with serve(app, lifespan="on") as base:
+            with serve(app) as base:
                 runs = run_workload(base, label, tasks, token, agent_tracer, nonce)
                 results[label] = RunResult(label, runs, _records(path, runs))
                 if records:  # keep a copy per run for `ragtoll report` / `recommend`

@@ -1,50 +1,24 @@
-"""Serve an ASGI app with uvicorn in a background thread on a loopback port (uvicorn lives here only)."""
+"""Serve the demo's apps (its RAG stack, and ragtoll) in background threads on loopback ports,
+on the same server `ragtoll serve` uses (proxy/server.py)."""
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
+import dataclasses
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Any
 
-import uvicorn
-
-
-class _ThreadServer(uvicorn.Server):
-    def install_signal_handlers(self) -> None:  # not the main thread: Ctrl-C stays with the CLI
-        pass
+from ..config import ServerConfig
+from ..server import free_port, make_server, running
 
 
 @contextlib.contextmanager
-def serve(
-    app: Any, *, host: str = "127.0.0.1", port: int = 0, lifespan: Literal["auto", "on", "off"] = "auto"
-) -> Iterator[str]:
-    """Yields the base URL once the server accepts connections; stops it (gracefully) on exit."""
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level="error",
-        lifespan=lifespan,
-        access_log=False,
-        loop="asyncio",
-        timeout_graceful_shutdown=2,
-        server_header=False,
-        date_header=False,
-    )
-    server = _ThreadServer(config)
-    thread = threading.Thread(target=server.run, name="ragtoll-demo-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            server.should_exit = True
-            raise RuntimeError(f"the demo could not start a server on {host}:{port}")
-        time.sleep(0.01)
-    bound = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://{host}:{bound}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+def serve(app: Any, *, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """Yields the base URL once the server accepts connections (and, for ragtoll, once its lifespan
+    has started); stops it on exit."""
+    port = port or free_port(host)
+    settings = getattr(app, "settings", None)  # ragtoll's app brings its own front-door limits
+    server_cfg = settings.server if settings is not None else ServerConfig()
+    server = make_server(app, dataclasses.replace(server_cfg, host=host, port=port))
+    with running(server, host, port, ready=lambda: getattr(app, "pipeline", True) is not None) as url:
+        yield url

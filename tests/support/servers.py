@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import uvicorn
+from ragtoll.proxy.server import free_port, make_server, running
 
 
 class ThreadServer(uvicorn.Server):
@@ -21,11 +22,11 @@ class ThreadServer(uvicorn.Server):
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Any, *, lifespan: str = "on", http: Any = None) -> Iterator[str]:
+def serve_in_thread(app: Any, *, lifespan: str = "on", http: Any = None, **options: Any) -> Iterator[str]:
     """Serve `app` on 127.0.0.1:<free port>; yields the base URL; stops the server on exit.
 
     ragtoll's app is served as `ragtoll serve` runs it (granian, with its `server:` limits). Other
-    apps get uvicorn with httptools."""
+    apps get uvicorn with httptools (`options` go to uvicorn.Config: ssl_certfile, ...)."""
     from ragtoll.proxy.app import RagtollApp
 
     if isinstance(app, RagtollApp) and http is None:
@@ -34,7 +35,7 @@ def serve_in_thread(app: Any, *, lifespan: str = "on", http: Any = None) -> Iter
         return
     config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error", lifespan=lifespan,
                             http=http or "httptools", loop="asyncio", timeout_graceful_shutdown=2,
-                            server_header=False, date_header=False)
+                            server_header=False, date_header=False, **options)
     server = ThreadServer(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -51,46 +52,25 @@ def serve_in_thread(app: Any, *, lifespan: str = "on", http: Any = None) -> Iter
         thread.join(timeout=10)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager
 def serve_ragtoll_in_thread(app: Any) -> Iterator[str]:
     """ragtoll's app on its own server (granian embedded, as `ragtoll serve`), in a thread with its own loop."""
-    from ragtoll.proxy.server import make_server
-
     port = free_port()
     server = make_server(app, dataclasses.replace(app.settings.server, host="127.0.0.1", port=port))
-    loop = asyncio.new_event_loop()
-    failed: list[BaseException] = []
+    with running(server, "127.0.0.1", port, ready=lambda: app.pipeline is not None) as url:
+        yield url
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(server.serve())
-        except BaseException as exc:  # noqa: BLE001 - reported to the test below
-            failed.append(exc)
-        finally:
-            loop.close()
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 15
-    while True:
-        if failed or not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError(f"ragtoll test server failed to start: {failed}")
-        if app.pipeline is not None:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-                break
-            except OSError:
-                pass
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        loop.call_soon_threadsafe(server.stop)
-        thread.join(timeout=15)
+@contextlib.contextmanager
+def serve_granian_in_thread(app: Any, **options: Any) -> Iterator[str]:
+    """Any ASGI app on granian's embedded server (HTTP/1.1 and HTTP/2; `options`: ssl_cert, ssl_key, ...)."""
+    from granian.constants import Interfaces
+    from granian.server.embed import Server
+
+    port = free_port()
+    server = Server(app, address="127.0.0.1", port=port, interface=Interfaces.ASGI, websockets=False,
+                    log_enabled=False, ssl_protocol_min="tls1.2", **options)
+    with running(server, "127.0.0.1", port) as url:
+        yield url

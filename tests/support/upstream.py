@@ -88,6 +88,7 @@ class UpstreamApp:
             return await _json(send, int(path.rsplit("/", 1)[1]), {"error": {"message": "as asked", "type": "test"}})
         if path == "/echo" or path.startswith("/echo/"):
             return await _json(send, 200, {"method": scope["method"], "path": path, "raw_path": scope["raw_path"].decode(),
+                                           "http_version": scope.get("http_version"),
                                            "query": scope["query_string"].decode(), "headers": headers,
                                            "body": body.decode("utf-8", "replace")},
                                extra=[(b"set-cookie", b"upstream=1; Path=/"), (b"x-upstream", b"yes")])

@@ -1,13 +1,22 @@
-"""Proxy core benchmark: ragtoll (tracing on, exporting over OTLP) against a direct call and the
-bare Starlette + httpx / httpx2 pass-through floor, all in one run, measured alternately.
+"""Proxy benchmark: ragtoll (tracing on, exported over OTLP; one task per call) against a direct call,
+bare Starlette pass-through floors on each candidate HTTP client, and ragtoll on other engines and
+servers, all in one run.
 
-    python bench/bench_proxy.py            # full run (a few minutes)
-    python bench/bench_proxy.py --quick    # smoke run
+    python bench/bench_proxy.py                        # full run (several minutes)
+    python bench/bench_proxy.py --quick                # smoke run
+    python bench/bench_proxy.py --also before=/path/to/old/checkout/.venv/bin/python
 
-Prints added latency p50/p99 (target minus direct, per request kind), throughput with 32
-connections, a streamed call's time to its status line, first event and end (pooled over fresh
-launches of the proxies), and ragtoll's RSS after N requests. Each server runs in its own process (uvicorn, uvloop +
-httptools, one worker); each round of requests visits the targets in a new random order.
+Per target: added latency p50/p99 over direct, sequential on one connection (chat and retrieval
+JSON, targets alternated request by request in a fresh random order each round); throughput and
+the target process's CPU per request with 16 connections (wrk when installed, else the Python load
+generator); a streamed call's time to its status line and first event; ragtoll's RSS after N more
+calls. Every server runs in its own process with one worker.
+
+Targets: `direct`; `floor-<client>`: Starlette + httpx / httpx2 / httpx+aiohttp / httpx2+aiohttp
+under uvicorn (uvloop, httptools), tracing off, and two of them on granian (`@granian`); `ragtoll`: as shipped (granian, httpx2 over aiohttp
+with its Python parser); `ragtoll-aiohttp-c`: aiohttp's C parser instead; `ragtoll-httpx2`:
+`engine: httpx` (httpx2's own transport); `ragtoll-uvicorn`: the same app under uvicorn; `--also`
+adds ragtoll run by another interpreter (an older checkout), with the same config.
 """
 
 from __future__ import annotations
@@ -17,6 +26,8 @@ import asyncio
 import json
 import os
 import random
+import re
+import shutil
 import socket
 import statistics
 import subprocess
@@ -34,6 +45,8 @@ CHAT = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "conten
 STREAM = json.dumps({"model": "gpt-4o-mini", "stream": True, "stream_options": {"include_usage": True},
                      "messages": [{"role": "user", "content": "hi"}]}).encode()
 SEARCH = json.dumps({"query": "refund window for annual plans", "top_k": 5}).encode()
+FLOORS = ("httpx", "httpx2", "httpx+aiohttp", "httpx2+aiohttp")
+REFERENCE_FLOOR = "floor-httpx"  # the targets: added latency <= 1.3x its, throughput >= 0.8x its
 
 
 def free_port() -> int:
@@ -43,7 +56,7 @@ def free_port() -> int:
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {proc.args}")
@@ -52,22 +65,67 @@ def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
             return
         except OSError:
             time.sleep(0.05)
-    raise RuntimeError("server did not start")
+    raise RuntimeError(f"server did not start: {proc.args}")
 
 
-def uvicorn_proc(target: str, port: int, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "uvicorn", target, "--host", "127.0.0.1", "--port", str(port), "--log-level",
-           "warning", "--loop", "uvloop", "--http", "httptools", "--no-access-log"]
-    p = subprocess.Popen(cmd, cwd=HERE, env={**os.environ, **(env or {})})
-    wait_port(port, p)
-    return p
+def uvicorn_cmd(target: str, port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "uvicorn", target, "--host", "127.0.0.1", "--port", str(port), "--log-level",
+            "warning", "--loop", "uvloop", "--http", "httptools", "--no-access-log", *extra]
 
 
-def rss_mb(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+class Target:
+    def __init__(self, name: str, prefix: str, cmd: list[str] | None, env: dict[str, str] | None = None,
+                 port: int | None = None, search_prefix: str | None = None) -> None:
+        self.name, self.prefix, self.cmd, self.env = name, prefix, cmd, env or {}
+        self.search_prefix = prefix if search_prefix is None else search_prefix
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        if self.cmd is not None:
+            self.proc = subprocess.Popen(self.cmd, cwd=HERE, env={**os.environ, **self.env})
+            wait_port(self.port, self.proc)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            self.proc = None
+
+    def cpu_s(self) -> float:
+        assert self.proc is not None
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_mb(self) -> float:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+
+def ragtoll_config(tmp: Path, name: str, port: int, upstream: str, **upstream_options: object) -> Path:
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(json.dumps({
+        "server": {"host": "127.0.0.1", "port": port},
+        "tasks": {"untracked": "per-call"},  # one task per call: every call opens a ledger
+        # every dimension limited (all are checked on every call), none reached by a one-call task
+        "budgets": {"records_file": str(tmp / f"{name}-tasks.jsonl"), "default_profile": "bench", "profiles": {
+            "bench": {"max_steps": 8, "max_calls": 8, "max_retrieval_calls": 8, "max_unique_queries": 8,
+                      "max_rerank_calls": 8, "max_context_tokens": 100000, "max_prompt_tokens": 8000,
+                      "max_completion_tokens": 20000, "max_cost_usd": 1.0, "max_latency_ms": 600000,
+                      "max_stalled_retrievals": 8}}},
+        "upstreams": [
+            {"name": "openai", "kind": "llm", "api": "openai", "url": upstream, "prefix": "/openai", **upstream_options},
+            {"name": "docs", "kind": "retrieval", "api": "passthrough", "url": upstream, "prefix": "/docs",
+             **upstream_options},
+        ],
+    }))
+    return cfg
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -75,183 +133,174 @@ def pct(xs: list[float], p: float) -> float:
     return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
 
 
-CALLS_PER_TASK = 8  # a realistic agent task: ragtoll keeps a budget ledger per task
-_calls = 0
-
-
-def task_header() -> dict[str, str]:
-    """Every CALLS_PER_TASK calls form one task (sent to every target; only ragtoll reads it)."""
-    global _calls
-    _calls += 1
-    return {"x-ragtoll-task-id": f"bench-{os.getpid()}-{_calls // CALLS_PER_TASK}"}
-
-
-def shuffled(targets: dict[str, tuple[int, str]]) -> list[tuple[str, str]]:
-    """(name, prefix) of every target, in a fresh random order each round. Which request ran just
-    before changes a request's cost: two launches of one build, one always right after the other,
-    differed by ~0.2 ms in time to first event, and swapping their places swapped the difference
-    (measured). A rotation keeps that order; a shuffle gives every target every predecessor."""
-    names = list(targets)
-    _order.shuffle(names)
-    return [(name, targets[name][1]) for name in names]
-
-
 _order = random.Random(20261201)  # seeded: a rerun sends the same sequence
 
 
-async def latency(targets: dict[str, tuple[int, str]], path_kind: str, body: bytes, n: int) -> dict[str, list[float]]:
-    conns = {name: Conn("127.0.0.1", port) for name, (port, _) in targets.items()}
-    out: dict[str, list[float]] = {name: [] for name in targets}
+async def latency(targets: list[Target], path: str, body: bytes, n: int, kind: str) -> dict[str, list[float]]:
+    """Sequential requests on one keep-alive connection per target, alternated in a fresh random order."""
+    conns = {t.name: Conn("127.0.0.1", t.port) for t in targets}
+    out: dict[str, list[float]] = {t.name: [] for t in targets}
     for i in range(n + 50):
-        headers = task_header()
-        for name, prefix in shuffled(targets):  # alternate targets request by request
-            t = await conns[name].request("POST", prefix + path_kind, body, headers)
-            assert t.status == 200, (name, t.status)
+        order = list(targets)
+        _order.shuffle(order)
+        for t in order:
+            r = await conns[t.name].request("POST", (t.prefix if kind == "chat" else t.search_prefix) + path, body)
+            assert r.status == 200, (t.name, r.status)
             if i >= 50:  # warm-up
-                out[name].append(t.total_s * 1000)
+                out[t.name].append(r.total_s * 1000)
     for c in conns.values():
         await c.close()
     return out
 
 
-async def streaming(targets: dict[str, tuple[int, str]], n: int
-                    ) -> dict[str, tuple[list[float], list[float], list[float]]]:
-    """Per target: time to the first event, to the end, and to the status line (the first byte)."""
-    out: dict[str, tuple[list[float], list[float], list[float]]] = {name: ([], [], []) for name in targets}
-    conns = {name: Conn("127.0.0.1", port) for name, (port, _) in targets.items()}
+async def streaming(targets: list[Target], n: int) -> dict[str, tuple[list[float], list[float]]]:
+    """Per target: a streamed call's time to its status line and to its first event (ms)."""
+    out: dict[str, tuple[list[float], list[float]]] = {t.name: ([], []) for t in targets}
+    conns = {t.name: Conn("127.0.0.1", t.port) for t in targets}
     for i in range(n + 5):
-        headers = task_header()
-        for name, prefix in shuffled(targets):
-            t = await conns[name].stream_first_byte(prefix + "/v1/chat/completions", STREAM, headers)
+        order = list(targets)
+        _order.shuffle(order)
+        for t in order:
+            r = await conns[t.name].stream_first_byte(t.prefix + "/v1/chat/completions", STREAM)
             if i >= 5:
-                out[name][0].append(t.first_byte_s * 1000)
-                out[name][1].append(t.total_s * 1000)
-                out[name][2].append(t.head_s * 1000)
+                out[t.name][0].append(r.head_s * 1000)
+                out[t.name][1].append(r.first_byte_s * 1000)
     for c in conns.values():
         await c.close()
     return out
+
+
+def load(target: Target, seconds: float, conns: int) -> tuple[float, float]:
+    """(requests per second, target CPU ms per request) with `conns` connections for `seconds`."""
+    url = f"http://127.0.0.1:{target.port}{target.prefix}/v1/chat/completions"
+    cpu0 = target.cpu_s() if target.proc else 0.0
+    if shutil.which("wrk"):
+        with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as fh:
+            fh.write(f'wrk.method = "POST"\nwrk.body = {json.dumps(CHAT.decode())}\n'
+                     'wrk.headers["Content-Type"] = "application/json"\n')
+        out = subprocess.run(["wrk", "-t1", f"-c{conns}", f"-d{seconds:g}s", "-s", fh.name, url],
+                             capture_output=True, text=True, check=True).stdout
+        os.unlink(fh.name)
+        if "Non-2xx" in out:
+            raise RuntimeError(f"{target.name}: errors under load\n{out}")
+        done = int(re.search(r"(\d+) requests in", out).group(1))  # type: ignore[union-attr]
+    else:
+        done, errors = asyncio.run(throughput("127.0.0.1", target.port, target.prefix + "/v1/chat/completions",
+                                              CHAT, seconds, conns, tasks=False))
+        assert errors == 0, (target.name, errors)
+    cpu = (target.cpu_s() - cpu0) if target.proc else float("nan")
+    return done / seconds, cpu * 1000 / max(done, 1)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--requests", type=int, default=3000, help="latency samples per target and kind")
+    ap.add_argument("--requests", type=int, default=2000, help="latency samples per target and kind")
     ap.add_argument("--seconds", type=float, default=8.0, help="throughput window per target")
+    ap.add_argument("--conns", type=int, default=16, help="connections in the throughput phase")
+    ap.add_argument("--stream-samples", type=int, default=100)
     ap.add_argument("--rss-requests", type=int, default=100_000)
-    ap.add_argument("--stream-samples", type=int, default=300, help="streamed calls per target, over all launches")
-    ap.add_argument("--stream-launches", type=int, default=3, help="fresh launches of the proxies for the stream phase")
-    ap.add_argument("--no-export", action="store_true", help="tracing on but nothing exported (diagnosis)")
+    ap.add_argument("--only", help="comma-separated target names (direct and the reference floor always run)")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=PYTHON",
+                    help="also run ragtoll with this interpreter (an older checkout's venv)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE,...",
+                    help="also run ragtoll with these environment variables (RAGTOLL_* config, OTEL_*)")
     args = ap.parse_args()
     if args.quick:
-        args.requests, args.seconds, args.rss_requests, args.stream_samples = 300, 2.0, 5000, 60
-    procs: list[subprocess.Popen[bytes]] = []
+        args.requests, args.seconds, args.stream_samples, args.rss_requests = 300, 2.0, 20, 5000
+    tmp = Path(tempfile.mkdtemp())
+    up = Target("direct", "", uvicorn_cmd("upstream_app:app", free_port()))
+    up.port = int(up.cmd[up.cmd.index("--port") + 1])  # type: ignore[union-attr]
+    upstream = f"http://127.0.0.1:{up.port}"
+    export = {"OTEL_EXPORTER_OTLP_ENDPOINT": upstream, "OTEL_METRICS_EXPORTER": "none"}
+    targets = [up]
+    for client in FLOORS:
+        port = free_port()
+        targets.append(Target(f"floor-{client}", "/p", uvicorn_cmd("floor_app:app", port),
+                              {"FLOOR_CLIENT": client, "FLOOR_UPSTREAM": upstream}, port))
+    for client in ("httpx", "httpx2+aiohttp"):  # the same floors on the server ragtoll ships with
+        port = free_port()
+        targets.append(Target(f"floor-{client}@granian", "/p",
+                              [sys.executable, "granian_app.py", "floor_app:app", str(port)],
+                              {"FLOOR_CLIENT": client, "FLOOR_UPSTREAM": upstream}, port))
+
+    def ragtoll(name: str, python: str = sys.executable, env: dict[str, str] | None = None,
+                **options: object) -> Target:
+        port = free_port()
+        cfg = ragtoll_config(tmp, name, port, upstream, **options)
+        return Target(name, "/openai", [python, "-m", "ragtoll.proxy", "serve", "--config", str(cfg)],
+                      {**export, **(env or {})}, port, "/docs")
+
+    targets.append(ragtoll("ragtoll"))
+    targets.append(ragtoll("ragtoll-aiohttp-c", env={"AIOHTTP_NO_EXTENSIONS": ""}))
+    targets.append(ragtoll("ragtoll-httpx2", engine="httpx"))
+    port = free_port()
+    cfg = ragtoll_config(tmp, "ragtoll-uvicorn", port, upstream)
+    targets.append(Target("ragtoll-uvicorn", "/openai", uvicorn_cmd("ragtoll_uvicorn:app", port, "--factory"),
+                          {**export, "RAGTOLL_CONFIG": str(cfg)}, port, "/docs"))
+    for spec in args.also:
+        name, _, python = spec.partition("=")
+        targets.append(ragtoll(name, python))
+    for spec in args.variant:
+        name, _, assignments = spec.partition(":")
+        targets.append(ragtoll(name, env=dict(a.split("=", 1) for a in assignments.split(","))))
+    if args.only:
+        keep = {"direct", REFERENCE_FLOOR, *args.only.split(",")}
+        targets = [t for t in targets if t.name in keep]
     try:
-        up_port = free_port()
-        procs.append(uvicorn_proc("upstream_app:app", up_port))
-        upstream = f"http://127.0.0.1:{up_port}"
-        floor_port, floor2_port, rt_port = free_port(), free_port(), free_port()
-        cfg = Path(tempfile.mkdtemp()) / "ragtoll.yaml"
-        cfg.write_text(json.dumps({
-            "server": {"host": "127.0.0.1", "port": rt_port},
-            # every dimension limited (all are checked on every call), none reached by an 8-call task
-            "budgets": {"records_file": str(cfg.parent / "tasks.jsonl"), "default_profile": "bench", "profiles": {
-                "bench": {"max_steps": 8, "max_calls": 8, "max_retrieval_calls": 8, "max_unique_queries": 8,
-                          "max_rerank_calls": 8, "max_context_tokens": 100000, "max_prompt_tokens": 8000,
-                          "max_completion_tokens": 20000, "max_cost_usd": 1.0, "max_latency_ms": 600000,
-                          "max_stalled_retrievals": 8}}},
-            "upstreams": [
-                {"name": "openai", "kind": "llm", "api": "openai", "url": upstream, "prefix": "/openai"},
-                {"name": "docs", "kind": "retrieval", "api": "passthrough", "url": upstream, "prefix": "/docs"},
-            ],
-        }))
-        env = {**os.environ, "OTEL_EXPORTER_OTLP_ENDPOINT": upstream, "OTEL_METRICS_EXPORTER": "none"}
-        if args.no_export:
-            env["OTEL_TRACES_EXPORTER"] = "none"
-
-        def start_proxies() -> subprocess.Popen[bytes]:
-            """The two floors and ragtoll, in fresh processes; returns ragtoll's."""
-            procs.append(uvicorn_proc("floor_app:app", floor_port, {"FLOOR_CLIENT": "httpx", "FLOOR_UPSTREAM": upstream}))
-            procs.append(uvicorn_proc("floor_app:app", floor2_port, {"FLOOR_CLIENT": "httpx2", "FLOOR_UPSTREAM": upstream}))
-            rt = subprocess.Popen([sys.executable, "-m", "ragtoll.proxy", "serve", "--config", str(cfg)], env=env)
-            procs.append(rt)
-            wait_port(rt_port, rt)
-            return rt
-
-        rt = start_proxies()
-        chat_targets = {"direct": (up_port, ""), "floor-httpx": (floor_port, "/p"),
-                        "floor-httpx2": (floor2_port, "/p"), "ragtoll": (rt_port, "/openai")}
-        search_targets = {"direct": (up_port, ""), "floor-httpx": (floor_port, "/p"),
-                          "floor-httpx2": (floor2_port, "/p"), "ragtoll": (rt_port, "/docs")}
-        results: dict[str, object] = {}
-        chat = asyncio.run(latency(chat_targets, "/v1/chat/completions", CHAT, args.requests))
-        search = asyncio.run(latency(search_targets, "/search", SEARCH, args.requests))
-        # Streamed calls arrive at an idle process, where the cost of a request depends on the
-        # process itself: two launches of the same build differ by up to ~0.5 ms in this phase
-        # (measured). So the samples are spread over several fresh launches of every proxy.
-        stream: dict[str, tuple[list[float], list[float], list[float]]] = {name: ([], [], [])
-                                                                           for name in chat_targets}
-        for launch in range(args.stream_launches):
-            if launch:
-                stop(procs[1:])
-                del procs[1:]
-                rt = start_proxies()
-            part = asyncio.run(streaming(chat_targets, -(-args.stream_samples // args.stream_launches)))
-            for name, (first, total, head) in part.items():
-                stream[name][0].extend(first)
-                stream[name][1].extend(total)
-                stream[name][2].extend(head)
-        rps: dict[str, float] = {}
-        for name, (port, prefix) in chat_targets.items():
-            done, errors = asyncio.run(throughput("127.0.0.1", port, prefix + "/v1/chat/completions", CHAT,
-                                                  args.seconds, 32))
-            assert errors == 0, (name, errors)
-            rps[name] = done / args.seconds
-        rss_before = rss_mb(rt.pid)
-        errors = asyncio.run(count_requests("127.0.0.1", rt_port, "/openai/v1/chat/completions", CHAT,
-                                            args.rss_requests, 32))
-        rss_after = rss_mb(rt.pid)
-        print(f"\nragtoll proxy core benchmark ({'quick' if args.quick else 'full'}; {args.requests} samples/kind)")
-        print(f"{'target':<14}{'chat +p50':>10}{'chat +p99':>10}{'search +p50':>12}{'search +p99':>12}"
-              f"{'req/s':>8}{'head p50':>10}{'event p50':>11}{'stream p50':>11}")
-        d_chat, d_search = chat["direct"], search["direct"]
-        for name in chat_targets:
-            row = (f"{name:<14}"
-                   f"{statistics.median(chat[name]) - statistics.median(d_chat):>10.3f}"
-                   f"{pct(chat[name], 99) - pct(d_chat, 99):>10.3f}"
-                   f"{statistics.median(search[name]) - statistics.median(d_search):>12.3f}"
-                   f"{pct(search[name], 99) - pct(d_search, 99):>12.3f}"
-                   f"{rps[name]:>8.0f}{statistics.median(stream[name][2]):>10.3f}"
-                   f"{statistics.median(stream[name][0]):>11.3f}{statistics.median(stream[name][1]):>11.3f}")
-            print(row)
-            results[name] = {"chat_added_p50_ms": statistics.median(chat[name]) - statistics.median(d_chat),
-                             "chat_added_p99_ms": pct(chat[name], 99) - pct(d_chat, 99),
-                             "search_added_p50_ms": statistics.median(search[name]) - statistics.median(d_search),
-                             "search_added_p99_ms": pct(search[name], 99) - pct(d_search, 99),
-                             "rps": rps[name], "head_p50_ms": statistics.median(stream[name][2]),
-                             "first_event_p50_ms": statistics.median(stream[name][0]),
-                             "stream_total_p50_ms": statistics.median(stream[name][1])}
-        print(f"(latencies in ms, added over direct; direct chat p50 {statistics.median(d_chat):.3f} ms; "
-              "head, event and stream p50 are a streamed call's whole times to its status line, first event and end)")
-        print(f"ragtoll RSS: {rss_before:.1f} MB before, {rss_after:.1f} MB after {args.rss_requests} more requests "
-              f"({errors} errors)")
-        results["rss_mb_after"] = rss_after
-        out = HERE / "results"
-        out.mkdir(exist_ok=True)
-        (out / "proxy.json").write_text(json.dumps(results, indent=2))
+        for t in targets:
+            t.start()
+        chat = asyncio.run(latency(targets, "/v1/chat/completions", CHAT, args.requests, "chat"))
+        search = asyncio.run(latency(targets, "/search", SEARCH, args.requests, "search"))
+        stream = asyncio.run(streaming(targets, args.stream_samples))
+        rps: dict[str, tuple[float, float]] = {}
+        for t in targets:
+            rps[t.name] = load(t, args.seconds, args.conns)
+        main_rt = next(t for t in targets if t.name == "ragtoll")
+        rss_before = main_rt.rss_mb()
+        errors = asyncio.run(count_requests("127.0.0.1", main_rt.port, "/openai/v1/chat/completions", CHAT,
+                                            args.rss_requests, 32, tasks=False))
+        rss_after = main_rt.rss_mb()
     finally:
-        stop(procs[1:])  # the proxies first: ragtoll flushes its spans to the upstream's OTLP sink
-        stop(procs[:1])
+        for t in reversed(targets):  # the proxies first: they flush their spans to the upstream's sink
+            t.stop()
+    report(targets, chat, search, stream, rps, rss_before, rss_after, errors, args)
 
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Terminate every process, then wait; kill what does not exit in 10 s."""
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+def report(targets: list[Target], chat: dict[str, list[float]], search: dict[str, list[float]],
+           stream: dict[str, tuple[list[float], list[float]]], rps: dict[str, tuple[float, float]],
+           rss_before: float, rss_after: float, errors: int, args: argparse.Namespace) -> None:
+    d_chat, d_search = chat["direct"], search["direct"]
+    rows: dict[str, dict[str, float]] = {}
+    for t in targets:
+        rows[t.name] = {
+            "chat_p50": statistics.median(chat[t.name]) - statistics.median(d_chat),
+            "chat_p99": pct(chat[t.name], 99) - pct(d_chat, 99),
+            "search_p50": statistics.median(search[t.name]) - statistics.median(d_search),
+            "search_p99": pct(search[t.name], 99) - pct(d_search, 99),
+            "rps": rps[t.name][0], "cpu_ms": rps[t.name][1],
+            "head_p50": statistics.median(stream[t.name][0]), "event_p50": statistics.median(stream[t.name][1]),
+        }
+    ref = rows[REFERENCE_FLOOR]
+    print(f"\nragtoll proxy benchmark ({'quick' if args.quick else 'full'}; {args.requests} samples/kind, "
+          f"{args.conns} connections, {'wrk' if shutil.which('wrk') else 'Python load generator'})")
+    print(f"{'target':<22}{'chat +p50':>10}{'chat +p99':>10}{'srch +p50':>10}{'srch +p99':>10}{'req/s':>8}"
+          f"{'CPU ms/req':>11}{'head p50':>9}{'event p50':>10}{'p50 x':>7}{'p99 x':>7}{'rps x':>7}")
+    for name, r in rows.items():
+        ratios = ("" if name == "direct" else
+                  f"{r['chat_p50'] / ref['chat_p50']:>7.2f}{r['chat_p99'] / ref['chat_p99']:>7.2f}"
+                  f"{r['rps'] / ref['rps']:>7.2f}")
+        print(f"{name:<22}{r['chat_p50']:>10.3f}{r['chat_p99']:>10.3f}{r['search_p50']:>10.3f}"
+              f"{r['search_p99']:>10.3f}{r['rps']:>8.0f}{r['cpu_ms']:>11.3f}{r['head_p50']:>9.3f}"
+              f"{r['event_p50']:>10.3f}{ratios}")
+    print(f"(ms; chat/srch = added over direct, direct chat p50 {statistics.median(d_chat):.3f} ms; head/event = a "
+          f"streamed call's whole time to its status line / first event; x = ratio to {REFERENCE_FLOOR}: "
+          "targets p50 and p99 <= 1.3, req/s >= 0.8)")
+    print(f"ragtoll RSS: {rss_before:.1f} MB before, {rss_after:.1f} MB after {args.rss_requests} more calls "
+          f"({errors} errors)")
+    out = HERE / "results"
+    out.mkdir(exist_ok=True)
+    (out / "proxy.json").write_text(json.dumps({**rows, "rss_mb": [rss_before, rss_after]}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""The floor of this stack: a bare Starlette + httpx(2) streaming pass-through, no tracing, no logic.
+"""The floor of this stack: a bare Starlette streaming pass-through, no tracing, no logic.
 
-FLOOR_CLIENT=httpx|httpx2 picks the client; FLOOR_UPSTREAM is the upstream base URL.
+FLOOR_CLIENT picks the client: httpx | httpx2 (their own transports) | httpx+aiohttp |
+httpx2+aiohttp (httpx-aiohttp's AiohttpTransport under the httpx API); FLOOR_UPSTREAM is the
+upstream base URL.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-http = importlib.import_module(os.environ.get("FLOOR_CLIENT", "httpx"))
+CLIENT = os.environ.get("FLOOR_CLIENT", "httpx")
+MODULE, _, ENGINE = CLIENT.partition("+")
+http = importlib.import_module(MODULE)
 UPSTREAM = os.environ["FLOOR_UPSTREAM"]
 HOP = {"connection", "keep-alive", "transfer-encoding", "host", "te", "upgrade", "trailer"}
 state: dict[str, Any] = {}
@@ -25,7 +29,11 @@ state: dict[str, Any] = {}
 
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    state["client"] = http.AsyncClient(base_url=UPSTREAM, timeout=30)
+    options: dict[str, Any] = {}
+    if ENGINE == "aiohttp":
+        transports = importlib.import_module("httpx_aiohttp" if MODULE == "httpx" else "httpx_aiohttp.httpx2")
+        options["transport"] = transports.AiohttpTransport()
+    state["client"] = http.AsyncClient(base_url=UPSTREAM, timeout=30, **options)
     yield
     await state["client"].aclose()
 

@@ -105,8 +105,10 @@ def task_headers(n: int, phase: str) -> dict[str, str]:
     return {"x-ragtoll-task-id": f"load-{_RUN}-{phase}-{n // CALLS_PER_TASK}"}
 
 
-async def throughput(host: str, port: int, path: str, body: bytes, seconds: float, concurrency: int) -> tuple[int, int]:
-    """Completed requests and non-2xx count in `seconds` with `concurrency` keep-alive connections."""
+async def throughput(host: str, port: int, path: str, body: bytes, seconds: float, concurrency: int,
+                     tasks: bool = True) -> tuple[int, int]:
+    """Completed requests and non-2xx count in `seconds` with `concurrency` keep-alive connections
+    (`tasks`: every 8 calls name one task; else no task header)."""
     deadline = time.perf_counter() + seconds
     done = 0
     errors = 0
@@ -117,7 +119,7 @@ async def throughput(host: str, port: int, path: str, body: bytes, seconds: floa
         c = Conn(host, port)
         try:
             while time.perf_counter() < deadline:
-                t = await c.request("POST", path, body, task_headers(next(sent), f"t{port}"))
+                t = await c.request("POST", path, body, task_headers(next(sent), f"t{port}") if tasks else None)
                 done += 1
                 if t.status >= 300:
                     errors += 1
@@ -128,7 +130,8 @@ async def throughput(host: str, port: int, path: str, body: bytes, seconds: floa
     return done, errors
 
 
-async def count_requests(host: str, port: int, path: str, body: bytes, total: int, concurrency: int) -> int:
+async def count_requests(host: str, port: int, path: str, body: bytes, total: int, concurrency: int,
+                         tasks: bool = True) -> int:
     """Send exactly `total` requests; returns the number of non-2xx answers."""
     remaining = total
     errors = 0
@@ -139,7 +142,8 @@ async def count_requests(host: str, port: int, path: str, body: bytes, total: in
         try:
             while remaining > 0:
                 remaining -= 1
-                if (await c.request("POST", path, body, task_headers(remaining, f"c{port}"))).status >= 300:
+                headers = task_headers(remaining, f"c{port}") if tasks else None
+                if (await c.request("POST", path, body, headers)).status >= 300:
                     errors += 1
         finally:
             await c.close()

@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .errors import ConfigError
 
@@ -78,15 +79,29 @@ def _sign(args: argparse.Namespace) -> int:
     return 0
 
 
-def _serve(args: argparse.Namespace) -> int:
-    import dataclasses
-
-    import uvloop
+def served_app(settings: Any) -> tuple[Any, Any, Any]:
+    """The app `ragtoll serve` runs, with tracing and metrics from the OTEL_* variables and `/metrics`:
+    (app, tracer_provider, meter_provider); the caller shuts the providers down."""
     from opentelemetry import metrics, trace
     from ragtoll.instrumentation import setup
     from ragtoll.instrumentation.metrics import prometheus_reader
 
     from .app import build_app
+
+    prometheus = prometheus_reader()
+    tracer_provider = setup.tracer_provider(os.environ, settings.telemetry.service_name)
+    meter_provider = setup.meter_provider(os.environ, settings.telemetry.service_name, extra_readers=(prometheus,))
+    trace.set_tracer_provider(tracer_provider)
+    metrics.set_meter_provider(meter_provider)
+    app = build_app(settings, tracer_provider=tracer_provider, meter_provider=meter_provider, prometheus=prometheus)
+    return app, tracer_provider, meter_provider
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    import uvloop
+
     from .config import Settings
     from .server import raise_open_files_limit, serve
 
@@ -98,12 +113,7 @@ def _serve(args: argparse.Namespace) -> int:
         settings = dataclasses.replace(settings, server=server)
     # a descriptor per client connection, per upstream connection, and some to spare
     raise_open_files_limit(server.max_connections + sum(u.limits.max_connections for u in settings.upstreams) + 256)
-    prometheus = prometheus_reader()
-    tracer_provider = setup.tracer_provider(os.environ, settings.telemetry.service_name)
-    meter_provider = setup.meter_provider(os.environ, settings.telemetry.service_name, extra_readers=(prometheus,))
-    trace.set_tracer_provider(tracer_provider)
-    metrics.set_meter_provider(meter_provider)
-    app = build_app(settings, tracer_provider=tracer_provider, meter_provider=meter_provider, prometheus=prometheus)
+    app, tracer_provider, meter_provider = served_app(settings)
     app.on_started = lambda: print(
         f"ragtoll listening on http://{server.host}:{server.port} "
         f"({len(settings.upstreams)} upstream(s), store {settings.store})", file=sys.stderr, flush=True)

@@ -61,12 +61,15 @@ class Inspector:
         try:
             plain = self._decode(raw, left + 1)  # decompression stops one byte past the bound
         except zlib.error as exc:
-            return self._stop(f"response body does not decode: {exc}")
+            self._stop(f"response body does not decode: {exc}")
+            return None
         self._decoded += len(plain)
         if self._bounded and self._decoded > self._max_bytes:
-            return self._stop(f"decoded response over server.max_inspect_bytes ({self._max_bytes} bytes)")
+            self._stop(f"decoded response over server.max_inspect_bytes ({self._max_bytes} bytes)")
+            return None
         if not self._bounded and self._event_too_long(plain):
-            return self._stop(f"an event over server.max_event_bytes ({self._max_event} bytes)")
+            self._stop(f"an event over server.max_event_bytes ({self._max_event} bytes)")
+            return None
         self.observer.feed(plain, False)
         return plain
 

@@ -39,6 +39,7 @@ HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
      b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host"}
 )
+SMALL_RESPONSE = 64 * 1024  # a non-streamed answer up to this size is read whole before it is sent on
 # The request's framing is set anew for what goes upstream: exactly one of content-length or chunked.
 _FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 # ragtoll's own request headers are for ragtoll, not for the upstream.
@@ -235,18 +236,18 @@ class Pipeline:
         except (ClientDisconnected, RagtollError) as raised:
             # A streamed request body that failed (too large, too slow, client gone) reaches the
             # upstream only as a broken exchange: the body's own error is the one to answer.
-            exc = ex.body_error or raised
-            if isinstance(exc, ClientDisconnected):
+            failure = ex.body_error or raised
+            if isinstance(failure, ClientDisconnected):
                 ex.outcome = "client_disconnect"
-            elif not isinstance(exc, RagtollError):
-                raise exc from raised
+            elif not isinstance(failure, RagtollError):
+                raise failure from raised
             elif not ex.headers_sent:  # nothing sent yet: a clean JSON error
-                ex.error = exc
-                ex.status = exc.status
-                ex.outcome = "rejected" if isinstance(exc, Rejected) else "upstream_error"
-                await _send_error(send, exc, style, ex.response_headers)
+                ex.error = failure
+                ex.status = failure.status
+                ex.outcome = "rejected" if isinstance(failure, Rejected) else "upstream_error"
+                await _send_error(send, failure, style, ex.response_headers)
             else:
-                ex.error = exc
+                ex.error = failure
                 ex.outcome = "upstream_error"
         except Exception as exc:  # noqa: BLE001 - a bug: answer 500 if we still can, record it, never hang
             ex.outcome = "error"
@@ -327,14 +328,20 @@ class Pipeline:
 
 
     def _should_buffer(self, ex: Exchange, response: UpstreamResponse) -> bool:
-        # Small non-streamed retrieval answers are read whole before headers go out, so stages
-        # can add headers that depend on the result (x-ragtoll-evidence). Streams never wait.
-        if not self._response_hooks or ex.call.operation != "retrieval" or response.status != 200:
-            return False
+        # A small answer is read whole, so its head and body reach the server in one hand-off (and
+        # leave in one segment). Non-streamed retrieval answers up to max_inspect_bytes are read
+        # whole before headers go out, so stages can add headers that depend on the result
+        # (x-ragtoll-evidence). Streams never wait.
         if "text/event-stream" in response.headers.get("content-type", ""):
             return False
         length = response.headers.get("content-length")
-        return length is not None and length.isdigit() and int(length) <= self._max_inspect
+        if length is None or not length.isdigit():
+            return False
+        return int(length) <= SMALL_RESPONSE or (self._describes(ex, response) and int(length) <= self._max_inspect)
+
+    def _describes(self, ex: Exchange, response: UpstreamResponse) -> bool:
+        """Whether response hooks (x-ragtoll-evidence) run for this answer."""
+        return bool(self._response_hooks) and ex.call.operation == "retrieval" and response.status == 200
 
     async def _send_buffered(self, ex: Exchange, response: UpstreamResponse, inspector: Inspector,
                              headers: list[tuple[bytes, bytes]], send: Send) -> None:
@@ -345,7 +352,7 @@ class Pipeline:
         if plain is not None:
             for chunk_hook in self._chunk_hooks:  # they see the body as they would a stream (no cut here)
                 chunk_hook.on_chunk(ex, plain)  # type: ignore[attr-defined]
-        for hook in self._response_hooks:
+        for hook in self._response_hooks if self._describes(ex, response) else ():
             try:
                 await hook.on_response(ex)  # type: ignore[attr-defined]
             except Exception as exc:  # noqa: BLE001 - failsafe: a header hook never fails the call
@@ -483,4 +490,6 @@ async def _send_error(send: Send, error: RagtollError, style: str, extra: list[t
     if isinstance(error, Rejected):
         # A local refusal is final: the OpenAI and Anthropic SDKs would otherwise retry it.
         headers.append((b"x-should-retry", b"false"))
+    if isinstance(error, RequestTimeout | BodyTooLarge):  # the body was not read to its end: no reuse
+        headers.append((b"connection", b"close"))
     await _send_reply(send, Reply(error.status, render(error, style=style), headers), extra)

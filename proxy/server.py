@@ -74,7 +74,7 @@ async def serve(app: Any, cfg: ServerConfig, *, on_signal: Callable[[], None] | 
     def stop() -> None:
         if on_signal is not None:
             on_signal()
-        server.stop()
+        server.stop()  # type: ignore[no-untyped-call]  # granian ships no annotations here
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)

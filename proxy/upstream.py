@@ -122,7 +122,8 @@ class UpstreamClient:
                 # The instrumentation's own http.client.* metrics are off: they repeat what
                 # gen_ai.client.operation.duration and ragtoll.proxy.overhead record, at a cost per call.
                 mounts[key] = AsyncOpenTelemetryTransportHttpx2(
-                    _DropContext(_engine(up)), tracer_provider=tracer_provider, meter_provider=NoOpMeterProvider()
+                    _DropContext(_engine(up)),  # type: ignore[arg-type]  # annotated with httpx's base class
+                    tracer_provider=tracer_provider, meter_provider=NoOpMeterProvider(),
                 )
         self._client = httpx.AsyncClient(mounts=mounts, trust_env=False, follow_redirects=False, timeout=None)
         # Forward the caller's headers unchanged: no client defaults added.

@@ -88,9 +88,11 @@ class Observation:
     parse_error: str | None = None
     unread: str | None = None  # why ragtoll stopped reading the response (inspection.Inspector)
     output_text: list[str] = field(default_factory=list)  # generated text, first OUTPUT_TEXT_KEEP chars
+    output_kept: int = 0  # characters in output_text
 
     def keep_output(self, text: str) -> None:
         """Remember generated text for content capture (off by default), bounded per call."""
-        kept = sum(len(t) for t in self.output_text)
-        if kept < OUTPUT_TEXT_KEEP:
-            self.output_text.append(text[: OUTPUT_TEXT_KEEP - kept])
+        if self.output_kept < OUTPUT_TEXT_KEEP and text:
+            piece = text[: OUTPUT_TEXT_KEEP - self.output_kept]
+            self.output_text.append(piece)
+            self.output_kept += len(piece)

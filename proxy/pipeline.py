@@ -39,6 +39,7 @@ HOP_BY_HOP = frozenset(
     {b"connection", b"keep-alive", b"proxy-authenticate", b"proxy-authorization", b"proxy-connection",
      b"te", b"trailer", b"transfer-encoding", b"upgrade", b"host"}
 )
+YIELD_AFTER_S = 0.002  # a stream hands the event loop to other calls at least this often
 SMALL_RESPONSE = 64 * 1024  # a non-streamed answer up to this size is read whole before it is sent on
 # The request's framing is set anew for what goes upstream: exactly one of content-length or chunked.
 _FRAMING = frozenset({b"content-length", b"transfer-encoding"})
@@ -303,7 +304,13 @@ class Pipeline:
             await send({"type": "http.response.start", "status": response.status,
                         "headers": headers + ex.response_headers})
             cut: bytes | None = None
+            turn = time.perf_counter()
             async for chunk in response.chunks():
+                if time.perf_counter() - turn > YIELD_AFTER_S:
+                    # A fast upstream's chunks are ready at once, so neither reading nor sending
+                    # waits: let the other calls (and /healthz) run before reading more.
+                    await asyncio.sleep(0)
+                    turn = time.perf_counter()
                 plain = inspector.feed(chunk)
                 if plain is not None:
                     for hook in self._chunk_hooks:

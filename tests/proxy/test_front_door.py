@@ -230,7 +230,7 @@ def test_a_20_mb_normal_stream_passes_whole_and_is_read(front: RagtollProcess) -
         received = b"".join(r.iter_raw())
     assert received == body
     cpu = front.cpu_seconds() - cpu_before
-    assert cpu < 20, f"ragtoll spent {cpu:.1f} s of CPU on a 20 MB stream"
+    assert cpu < 5, f"ragtoll spent {cpu:.1f} s of CPU on a 20 MB stream (the kept output re-summed per event)"
     ledger = httpx.get(f"{front.base}/admin/tasks/{task}", headers={"authorization": f"Bearer {TOKEN}"}).json()
     assert ledger["used"]["completion_tokens"] == events  # the stream's own usage event was read
 

@@ -121,3 +121,15 @@ def test_sse_reader_searches_each_byte_a_bounded_number_of_times() -> None:
     for _ in range(2000):
         list(reader.events(b"z" * 100))
     assert Counting.scanned < 3 * 3 * 200_000  # three separators, each byte about once (quadratic: ~6e8)
+
+
+def test_kept_output_stops_growing_once_full() -> None:
+    """A long stream of small deltas: the kept text is bounded and so is the work per delta (the
+    list never grows past the bound, so nothing is re-summed per event)."""
+    from ragtoll.proxy.model import OUTPUT_TEXT_KEEP
+
+    obs = Observation()
+    for _ in range(200_000):
+        obs.keep_output("w ")
+    assert sum(map(len, obs.output_text)) == OUTPUT_TEXT_KEEP == obs.output_kept
+    assert len(obs.output_text) <= OUTPUT_TEXT_KEEP // 2

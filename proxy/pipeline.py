@@ -13,6 +13,7 @@ every stage's `on_end` in reverse. Guarantees:
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
@@ -82,7 +83,7 @@ class Exchange:
     upstream_seconds: float = 0.0
     bytes_out: int = 0
     headers_sent: bool = False  # after this the status can no longer change
-    body_deadline: float = 0.0  # loop time by which the request body must have arrived
+    request_body: RequestBody | None = None  # the client's body, read through this once
     body_error: Exception | None = None  # why a streamed request body failed (the upstream sees only a break)
     state: dict[str, Any] = field(default_factory=dict)
 
@@ -158,8 +159,9 @@ class Pipeline:
             await _send_error(send, exc, style, [])
             return
         ex = Exchange(route, scope["method"], target, headers, raw_headers, client[0] if client else "",
-                      time.perf_counter(), task=task, timeouts=route.upstream.timeouts,
-                      body_deadline=asyncio.get_running_loop().time() + self._body_timeout)
+                      time.perf_counter(), task=task, timeouts=route.upstream.timeouts)
+        ex.request_body = RequestBody(receive, headers, self._max_body,
+                                      asyncio.get_running_loop().time() + self._body_timeout)
         ex.response_headers.append((TASK_HEADER_OUT, task.id.encode()))
         parent = trace.set_span_in_context(NonRecordingSpan(_parent_context(task, headers)))
         server_span = self.tracer.start_span(
@@ -168,25 +170,32 @@ class Pipeline:
                         sc.URL_PATH: scope["path"][:256]},
         )
         try:
-            await self._run(ex, server_span, scope, receive, send)
+            await self._run(ex, server_span, send)
         finally:
             if ex.status is not None:
                 server_span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, ex.status)
                 if ex.status >= 500:
                     server_span.set_status(Status(StatusCode.ERROR))
             server_span.end()
+            # An error's traceback holds this call's frames, and so the exchange and the server's
+            # receive channel: a cycle only the garbage collector would break, keeping the client's
+            # connection open until then (seen after a 408 on a streamed body).
+            ex.error = ex.body_error = None
+            ex.request_body.release()
 
-    async def _run(self, ex: Exchange, server_span: Any, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _run(self, ex: Exchange, server_span: Any, send: Send) -> None:
         route = ex.route
         style = route.adapter.error_style
         body_iter: AsyncIterator[bytes] | None = None
+        request_body = ex.request_body
+        assert request_body is not None
         try:
             if route.adapter.reads_body:
-                ex.body = await _read_body(receive, ex.headers, self._max_body, ex.body_deadline)
+                ex.body = await request_body.read()
             elif "content-length" in ex.headers or "transfer-encoding" in ex.headers:
-                _check_declared_length(ex.headers, self._max_body)
+                request_body.check_declared_length()
                 # the disconnect watcher may only read `receive` once the body is consumed
-                body_iter = _stream_body(receive, self._max_body, ex, lambda: self._watch(ex, receive))
+                body_iter = request_body.stream(ex, functools.partial(request_body.watch_disconnect, ex))
             else:
                 ex.body = b""  # no body framing: forward none (not an empty chunked body)
         except (BodyTooLarge, RequestTimeout, ClientDisconnected) as exc:
@@ -227,8 +236,8 @@ class Pipeline:
                 await _send_reply(send, reply, ex.response_headers)
                 return
             if body_iter is None:
-                self._watch(ex, receive)
-            await self._forward(ex, body_iter, send, receive)
+                request_body.watch_disconnect(ex)
+            await self._forward(ex, body_iter, send)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if ex.outcome != "client_disconnect" or task is None:
@@ -272,11 +281,7 @@ class Pipeline:
                 except Exception as exc:  # noqa: BLE001 - failsafe, as above
                     span.record_exception(exc)
 
-    @staticmethod
-    def _watch(ex: Exchange, receive: Receive) -> None:
-        ex.state["watcher"] = _watch_disconnect(receive, asyncio.current_task(), ex)
-
-    async def _forward(self, ex: Exchange, body: AsyncIterator[bytes] | None, send: Send, receive: Receive) -> None:
+    async def _forward(self, ex: Exchange, body: AsyncIterator[bytes] | None, send: Send) -> None:
         route = ex.route
         out_headers = upstream_headers(ex.raw_headers)
         declared = ex.headers.get("content-length")
@@ -412,77 +417,95 @@ def _finish_span(span: Any, ex: Exchange) -> None:
     span.end()
 
 
-def _watch_disconnect(receive: Receive, handler: asyncio.Task[Any] | None, ex: Exchange) -> asyncio.Task[None]:
-    """Cancel `handler` if the client goes away while the upstream is still working.
+class RequestBody:
+    """The client's request body: read once, whole or as a stream, by `server.body_timeout_s`
+    (RequestTimeout, 408), at most `server.max_body_bytes` (BodyTooLarge, 413).
 
-    The server also answers `http.disconnect` once the response is complete, so a finished
-    exchange (`state["complete"]`) is never cancelled.
+    The server's receive channel is reached only through this object, and `release()` drops it when
+    the call ends: an error's traceback can keep a failed read's frames alive in a reference cycle,
+    and while anything holds the channel the server keeps the client's connection open.
     """
 
-    async def watch() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass  # an unread empty request body
-        if handler is None or handler.done() or ex.state.get("complete"):
-            return
-        ex.outcome = "client_disconnect"
-        handler.cancel()
+    def __init__(self, receive: Receive, headers: dict[str, str], limit: int, deadline: float) -> None:
+        self._receive: Receive | None = receive
+        self._headers = headers
+        self._limit = limit
+        self._deadline = deadline
 
-    return asyncio.get_running_loop().create_task(watch())
+    def release(self) -> None:
+        self._receive = None
 
-
-async def _read_body(receive: Receive, headers: dict[str, str], limit: int, deadline: float) -> bytes:
-    _check_declared_length(headers, limit)
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await _receive_by(receive, deadline)
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge(f"request body exceeds {limit} bytes (server.max_body_bytes)", limit=limit)
-        parts.append(chunk)
-        if not message.get("more_body", False):
-            return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-async def _receive_by(receive: Receive, deadline: float) -> MutableMapping[str, Any]:
-    """The next request message, or RequestTimeout (408) at `deadline` (server.body_timeout_s)."""
-    try:
-        async with asyncio.timeout_at(deadline):
-            return await receive()
-    except TimeoutError:
-        raise RequestTimeout("the request body did not arrive within server.body_timeout_s") from None
-
-
-def _check_declared_length(headers: dict[str, str], limit: int) -> None:
-    declared = headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise BodyTooLarge(f"request body exceeds {limit} bytes (server.max_body_bytes)", limit=limit)
-
-
-async def _stream_body(receive: Receive, limit: int, ex: Exchange, on_done: Callable[[], None]) -> AsyncIterator[bytes]:
-    """The request body as it arrives, for the upstream; a failure is kept in `ex.body_error`, since
-    the upstream client reports it only as a broken exchange."""
-    size = 0
-    try:
+    async def read(self) -> bytes:
+        """The whole body."""
+        self.check_declared_length()
+        parts: list[bytes] = []
+        size = 0
         while True:
-            message = await _receive_by(receive, ex.body_deadline)
-            if message["type"] == "http.disconnect":
-                raise ClientDisconnected()
+            message = await self._next()
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > limit:
-                raise BodyTooLarge(f"request body exceeds {limit} bytes (server.max_body_bytes)", limit=limit)
-            if chunk:
-                yield chunk
+            self._check_size(size)
+            parts.append(chunk)
             if not message.get("more_body", False):
-                on_done()
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    async def stream(self, ex: Exchange, on_done: Callable[[], None]) -> AsyncIterator[bytes]:
+        """The body as it arrives, for the upstream. A failure is kept in `ex.body_error`, since the
+        upstream client reports it only as a broken exchange."""
+        size = 0
+        try:
+            while True:
+                message = await self._next()
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                self._check_size(size)
+                if chunk:
+                    yield chunk
+                if not message.get("more_body", False):
+                    on_done()
+                    return
+        except (ClientDisconnected, BodyTooLarge, RequestTimeout) as exc:
+            ex.body_error = exc
+            raise
+
+    def check_declared_length(self) -> None:
+        declared = self._headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._limit:
+            raise BodyTooLarge(f"request body exceeds {self._limit} bytes (server.max_body_bytes)", limit=self._limit)
+
+    def _check_size(self, size: int) -> None:
+        if size > self._limit:
+            raise BodyTooLarge(f"request body exceeds {self._limit} bytes (server.max_body_bytes)", limit=self._limit)
+
+    def watch_disconnect(self, ex: Exchange) -> None:
+        """Cancel the current task if the client goes away while the upstream is still working.
+
+        Only once the body is consumed. The server also answers `http.disconnect` once the response
+        is complete, so a finished exchange (`state["complete"]`) is never cancelled.
+        """
+        handler = asyncio.current_task()
+
+        async def watch() -> None:
+            while self._receive is not None and (await self._receive())["type"] != "http.disconnect":
+                pass  # an unread empty request body
+            if handler is None or handler.done() or ex.state.get("complete"):
                 return
-    except (ClientDisconnected, BodyTooLarge, RequestTimeout) as exc:
-        ex.body_error = exc
-        raise
+            ex.outcome = "client_disconnect"
+            handler.cancel()
+
+        ex.state["watcher"] = asyncio.get_running_loop().create_task(watch())
+
+    async def _next(self) -> MutableMapping[str, Any]:
+        if self._receive is None:
+            raise ClientDisconnected()  # the call has ended
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                message = await self._receive()
+        except TimeoutError:
+            raise RequestTimeout("the request body did not arrive within server.body_timeout_s") from None
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected()
+        return message
 
 
 async def _send_reply(send: Send, reply: Reply, extra: list[tuple[bytes, bytes]]) -> None:

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from ragtoll.proxy import tokens
 from ragtoll.proxy.adapters.openai import OpenAIAdapter
 from ragtoll.proxy.config import UpstreamConfig
+from ragtoll.proxy.core import tokens
 
 HERE = Path(__file__).parent
 UPSTREAM = UpstreamConfig(name="openai", kind="llm", url="http://127.0.0.1:1", api="openai")

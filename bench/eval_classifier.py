@@ -16,7 +16,7 @@ import time
 from collections import Counter
 from importlib import resources
 
-from ragtoll.proxy.classifier import CLASSES, classify
+from ragtoll.proxy.core.classifier import CLASSES, classify
 
 
 def load(split: str) -> list[dict[str, str]]:

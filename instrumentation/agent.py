@@ -47,7 +47,7 @@ BAGGAGE_TASK_ID = "ragtoll.task.id"  # the proxy's identify stage reads this mem
 BAGGAGE_PROFILE = sc.PROFILE  # "ragtoll.budget.profile"
 TRACER_NAME = "ragtoll.instrumentation.agent"
 
-# Same spellings the proxy accepts (proxy/stages/identify.py, proxy/config.py); checked here so a typo
+# Same spellings the proxy accepts (proxy/request/identify.py, proxy/config.py); checked here so a typo
 # is reported in the agent's own stderr instead of silently ignored by the proxy.
 DIMENSIONS = (
     "max_steps", "max_calls", "max_retrieval_calls", "max_unique_queries", "max_rerank_calls",
@@ -56,7 +56,7 @@ DIMENSIONS = (
 )
 # RAGTOLL_BUDGET_* names that are not limits (the operator's signing key must never become baggage).
 _NOT_LIMITS = frozenset({"PROFILE", "HMAC_KEY", "SIG", "EXP"})
-# A signed grant (proxy/signing.py `sign_budget`) handed to the agent as RAGTOLL_BUDGET_SIG/_EXP
+# A signed grant (proxy/core/signing.py `sign_budget`) handed to the agent as RAGTOLL_BUDGET_SIG/_EXP
 # next to the limits it raises; sent as is, verified by the proxy.
 _SIGNED = {"SIG": re.compile(r"^[A-Za-z0-9_-]{43}={0,1}$"), "EXP": re.compile(r"^[0-9]{1,12}$")}
 _TASK_ID = re.compile(r"^[A-Za-z0-9._:~@/+=-]{1,128}$")
@@ -334,8 +334,8 @@ def _root_name() -> str:
 
 
 def _virtual_root(task_id: str, trace_id: int | None = None) -> SpanContext:
-    """The ids proxy/pipeline.py parents a named task's calls on, and the proxy's `ragtoll.task`
-    span takes (proxy/stages/identify.py `derived_trace_id`/`derived_span_id`;
+    """The ids proxy/request/pipeline.py parents a named task's calls on, and the proxy's `ragtoll.task`
+    span takes (proxy/request/identify.py `derived_trace_id`/`derived_span_id`;
     tests/instrumentation/test_agent.py keeps them equal). `trace_id`: the trace the calls carry,
     when not the one derived from the name. Spelled out here so the agent side imports nothing of
     the proxy."""

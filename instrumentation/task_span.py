@@ -1,7 +1,7 @@
 """The `ragtoll.task` summary span, recorded into the task's own trace when the task ends.
 
 For a task named by header, baggage or session the proxy parents every call's server span on a
-virtual root whose ids it derives from the task id (proxy/pipeline.py `_parent_context`); the
+virtual root whose ids it derives from the task id (proxy/request/pipeline.py `_parent_context`); the
 summary span takes exactly those ids, so Jaeger shows one complete tree rooted at the task.
 
 How the id is pinned: the SDK's Tracer draws trace and span ids from its public `id_generator`

@@ -24,21 +24,22 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
 
-from . import __version__, tokens
-from .admin import AdminApi
+from . import __version__
 from .cache.admin import version_endpoint
 from .config import Settings
+from .core import tokens
 from .errors import NotFound, render
-from .pipeline import Exchange, Pipeline, Receive, Scope, Send, Stage
-from .records import TaskEnder, open_sink
-from .routing import Router
+from .request.identify import Identifier, derived_span_id
+from .request.pipeline import Exchange, Pipeline, Receive, Scope, Send, Stage
+from .request.routing import Router
+from .request.upstream import UpstreamClient
 from .stages.budget import BudgetStage, Ticket
-from .stages.evidence import EvidenceStage
-from .stages.identify import Identifier, derived_span_id
-from .stages.landfill import LandfillStage
-from .stages.settle import SettleStage
+from .stages.cache import EvidenceStage
+from .stages.evidence import LandfillStage
+from .stages.span import SettleStage
 from .stores import Store, open_store
-from .upstream import UpstreamClient
+from .tasks.admin import AdminApi
+from .tasks.records import TaskEnder, open_sink
 
 TRACER_NAME = "ragtoll.proxy"
 

@@ -60,7 +60,7 @@ def _check(args: argparse.Namespace) -> int:
 def _sign(args: argparse.Namespace) -> int:
     import time
 
-    from .signing import load_key, sign_budget
+    from .core.signing import load_key, sign_budget
 
     try:
         key = load_key(None if args.key_file else args.key_env, args.key_file, os.environ)
@@ -165,7 +165,7 @@ def _plot_unavailable(command: str, path: str) -> bool:
     from .errors import RagtollError
 
     try:
-        from . import report_plot
+        from .tools import report_plot
     except ImportError as exc:
         if (exc.name or "").split(".")[0] != "matplotlib":
             raise
@@ -189,7 +189,7 @@ def _run_evaluation_command(args: argparse.Namespace) -> int:
     try:
         if args.command == "demo":
             try:
-                from .demo.runner import main as demo_main
+                from .tools.demo.runner import main as demo_main
             except ImportError as exc:  # the demo's agent is written against the openai SDK
                 print(f"ragtoll: the demo needs the demo extra ({exc.name} is missing); in the ragtoll "
                       "checkout: pip install -e '.[demo]'", file=sys.stderr)
@@ -197,7 +197,7 @@ def _run_evaluation_command(args: argparse.Namespace) -> int:
 
             return demo_main(quick=args.quick, keep_running=args.keep_running, records=args.records,
                              fmt=args.format, plot=plot)
-        from . import report, report_compare
+        from .tools import report, report_compare
 
         # report takes several files (one run each), recommend one
         files = args.records if args.command == "report" else [args.records] if args.records else []
@@ -227,7 +227,7 @@ def _run_evaluation_command(args: argparse.Namespace) -> int:
         else:
             sys.stdout.write(report_compare.format_runs(compared, args.format, args.by))
         if plot:
-            from . import report_plot
+            from .tools import report_plot
 
             report_plot.render(compared, args.by, plot, profiles=profiles, top=args.top)
             print(f"wrote {plot}", file=sys.stderr)

@@ -13,7 +13,6 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
 from support.redis_server import env_redis_url, start_redis, stop_all

@@ -12,8 +12,8 @@ from typing import Protocol
 
 import orjson
 
-from .. import tokens
 from ..config import UpstreamConfig
+from ..core import tokens
 from ..model import Call, Observation
 
 # Non-streamed response bodies are copied for parsing up to this size; larger ones pass unparsed.

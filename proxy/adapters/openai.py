@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from .. import tokens
 from ..config import UpstreamConfig
+from ..core import tokens
 from ..model import Call, Observation, Usage
 from .base import BufferedJsonObserver, JsonStreamObserver, NullObserver, Observer, json_body, safe_parse
 from .fields import as_int, as_str, json_text

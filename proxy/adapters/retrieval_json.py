@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from .. import queries
 from ..config import UpstreamConfig
-from ..evidence_track import chunk_key
+from ..core import queries
+from ..core.evidence_track import chunk_key
 from ..model import Call, Chunk
 from .base import BufferedJsonObserver, NullObserver, Observer, json_body, safe_parse
 from .fields import as_acl, as_float, as_id, as_int, as_str, as_vector, get_path

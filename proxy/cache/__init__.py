@@ -2,5 +2,5 @@
 
 Pure core: partition, verify, lexicon, lexical, acl, audit, entry. I/O shell: embedders (onnxruntime),
 store_memory, store_redis (redis), principal (PyJWT, reads a JWKS file once), admin (starlette).
-The pipeline stage that uses it is `ragtoll.proxy.stages.evidence.EvidenceStage`.
+The pipeline stage that uses it is `ragtoll.proxy.stages.cache.EvidenceStage`.
 """

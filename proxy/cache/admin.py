@@ -13,7 +13,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ..admin import admin_error
+from ..tasks.admin import admin_error
 
 SetVersion = Callable[[str, str], Awaitable[None]]
 

@@ -22,15 +22,15 @@ from typing import Any
 
 from ragtoll.instrumentation import semconv as sc
 
-from .. import budget as bm
-from ..budget import Actual, Charge, Ledger, Reservation, Selection
-from ..classifier import classify as _classify
 from ..config import Profile, Settings, Timeouts
+from ..core import budget as bm
+from ..core.budget import Actual, Charge, Ledger, Reservation, Selection
+from ..core.classifier import classify as _classify
+from ..core.evidence_track import evidence_header
+from ..core.pricing import Prices, Quote, allowed_output
+from ..core.signing import load_key, verify_budget_baggage
 from ..errors import BudgetExceeded, StoreUnavailable
-from ..evidence_track import evidence_header
-from ..pipeline import Exchange, Reply
-from ..pricing import Prices, Quote, allowed_output
-from ..signing import load_key, verify_budget_baggage
+from ..request.pipeline import Exchange, Reply
 from ..stores.base import Decision, Store, TaskMeta
 
 REMAINING_HEADER = b"x-ragtoll-budget-remaining"

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from ..budget import Actual, Charge, Ledger, Reservation
+from ..core.budget import Actual, Charge, Ledger, Reservation
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..budget import Actual, Charge, Ledger, Reservation, apply_charge, first_exceeded
+from ..core.budget import Actual, Charge, Ledger, Reservation, apply_charge, first_exceeded
 from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, wants_seen
 
 DEFAULT_MAX_TASKS = 200_000

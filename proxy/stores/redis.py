@@ -22,8 +22,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, SlotNotCoveredError
 
-from ..budget import Actual, Charge, Ledger, Reservation
 from ..config import DIMENSIONS
+from ..core.budget import Actual, Charge, Ledger, Reservation
 from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, wants_seen
 
 STALE_INFLIGHT_MS = 15 * 60 * 1000

@@ -20,7 +20,7 @@ import httpx
 import pytest
 from conftest import ProxyFactory, Telemetry, Upstream
 from opentelemetry.trace import SpanKind
-from ragtoll.proxy.stages.identify import derived_span_id, derived_trace_id
+from ragtoll.proxy.request.identify import derived_span_id, derived_trace_id
 from support.otlp import OtlpReceiver
 from support.servers import serve_in_thread
 

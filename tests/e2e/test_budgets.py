@@ -16,8 +16,8 @@ import orjson
 import pytest
 from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
 from ragtoll.instrumentation import semconv as sc
-from ragtoll.proxy.admin import OPENAPI
-from ragtoll.proxy.stages.identify import derived_trace_id
+from ragtoll.proxy.request.identify import derived_trace_id
+from ragtoll.proxy.tasks.admin import OPENAPI
 from support.asgi import read_body, serve_lifespan
 
 CHAT = "/v1/chat/completions"
@@ -261,7 +261,7 @@ def test_deadline_rejects_late_calls_and_clamps_the_upstream_timeout(proxy: Prox
 def test_cache_hit_is_charged_as_a_call_and_served(proxy: ProxyFactory, upstream: Upstream,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from ragtoll.proxy import app as app_module
-    from ragtoll.proxy.pipeline import Reply
+    from ragtoll.proxy.request.pipeline import Reply
 
     class Hit:
         tier = "exact"
@@ -423,7 +423,7 @@ HMAC_KEY = b"operator-hmac-key-0123456789abcdef"
 
 def test_signed_baggage_raises_a_limit_until_it_expires(proxy: ProxyFactory, upstream: Upstream,
                                                         telemetry: Telemetry, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ragtoll.proxy.signing import sign_budget
+    from ragtoll.proxy.core.signing import sign_budget
 
     monkeypatch.setenv("RAGTOLL_BUDGET_HMAC_KEY", HMAC_KEY.decode())
     signed, expired, tampered, wrong_task = task(), task(), task(), task()
@@ -445,7 +445,7 @@ def test_signed_baggage_raises_a_limit_until_it_expires(proxy: ProxyFactory, ups
 
 def test_signed_raise_without_a_key_is_ignored(proxy: ProxyFactory, upstream: Upstream,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from ragtoll.proxy.signing import sign_budget
+    from ragtoll.proxy.core.signing import sign_budget
 
     monkeypatch.delenv("RAGTOLL_BUDGET_HMAC_KEY", raising=False)
     t = task()

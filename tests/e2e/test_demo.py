@@ -8,9 +8,9 @@ import pathlib
 import threading
 
 import pytest
-from ragtoll.proxy import report
 from ragtoll.proxy.cli import main
-from ragtoll.proxy.demo import corpus, runner, scoring
+from ragtoll.proxy.tools import report
+from ragtoll.proxy.tools.demo import corpus, runner, scoring
 from support.otlp import OtlpReceiver
 from support.servers import serve_in_thread
 
@@ -147,7 +147,7 @@ def test_cli_demo_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> 
 
 def test_demo_figure_is_drawn_from_the_records_it_kept(demo: tuple, tmp_path: pathlib.Path) -> None:
     from PIL import Image
-    from ragtoll.proxy import report_compare
+    from ragtoll.proxy.tools import report_compare
 
     result, _, records, _ = demo
     path = tmp_path / "demo.png"

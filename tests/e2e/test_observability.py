@@ -6,13 +6,12 @@ import re
 from typing import Any
 
 import httpx
-from opentelemetry.sdk.metrics import MeterProvider
-
 from conftest import Telemetry, Upstream, default_upstreams
+from opentelemetry.sdk.metrics import MeterProvider
 from ragtoll.instrumentation.metrics import prometheus_reader
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
-from ragtoll.proxy.stages.identify import derived_span_id, derived_trace_id
+from ragtoll.proxy.request.identify import derived_span_id, derived_trace_id
 from support.servers import serve_in_thread
 
 ADMIN = "observability-admin-token"

@@ -14,7 +14,7 @@ from opentelemetry.trace import SpanKind
 from ragtoll.instrumentation import setup
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
-from ragtoll.proxy.stages.identify import derived_span_id, derived_trace_id
+from ragtoll.proxy.request.identify import derived_span_id, derived_trace_id
 from support.otlp import OtlpReceiver
 from support.servers import serve_in_thread
 

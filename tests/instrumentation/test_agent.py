@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from ragtoll.instrumentation import agent
 from ragtoll.proxy.config import DIMENSIONS, TasksConfig
-from ragtoll.proxy.stages.identify import Identifier, derived_span_id, derived_trace_id, parse_baggage
+from ragtoll.proxy.request.identify import Identifier, derived_span_id, derived_trace_id, parse_baggage
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
@@ -226,7 +226,7 @@ def test_post_instrument_honours_the_disabled_list(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_signed_grant_from_env_is_sent_and_verifies_at_the_proxy() -> None:
-    from ragtoll.proxy.signing import sign_budget, verify_budget_baggage
+    from ragtoll.proxy.core.signing import sign_budget, verify_budget_baggage
 
     key = b"k" * 32
     signed = sign_budget("ticket-5", {"max_steps": 20}, key, 4_000_000_000)

@@ -17,7 +17,7 @@ from ragtoll.instrumentation import setup, task_span
 from ragtoll.instrumentation.task_span import emit_task_span
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
-from ragtoll.proxy.stages.identify import derived_span_id, derived_trace_id
+from ragtoll.proxy.request.identify import derived_span_id, derived_trace_id
 from support.otlp import OtlpReceiver
 from support.servers import serve_in_thread
 

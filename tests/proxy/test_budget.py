@@ -9,14 +9,14 @@ from typing import Any
 import http_sfv
 import orjson
 import pytest
-from ragtoll.proxy import budget as bm
 from ragtoll.proxy import config
-from ragtoll.proxy.budget import Charge, Ledger
 from ragtoll.proxy.config import BudgetsConfig, Profile, ProfileRule
+from ragtoll.proxy.core import budget as bm
+from ragtoll.proxy.core.budget import Charge, Ledger
 from ragtoll.proxy.errors import StoreUnavailable
 from ragtoll.proxy.model import Call, TaskRef
-from ragtoll.proxy.pipeline import Exchange
-from ragtoll.proxy.routing import Router
+from ragtoll.proxy.request.pipeline import Exchange
+from ragtoll.proxy.request.routing import Router
 from ragtoll.proxy.stages.budget import BudgetStage
 from ragtoll.proxy.stores.base import TaskMeta as TaskMetaForTest
 from ragtoll.proxy.stores.memory import MemoryStore
@@ -296,7 +296,7 @@ async def test_a_hanging_store_never_hangs_the_call(mode: str) -> None:
 
 
 async def test_task_ender_writes_once_and_tells_listeners() -> None:
-    from ragtoll.proxy.records import TaskEnder
+    from ragtoll.proxy.tasks.records import TaskEnder
 
     class Sink:
         def __init__(self) -> None:
@@ -330,7 +330,7 @@ async def test_task_ender_writes_once_and_tells_listeners() -> None:
 async def test_a_sweep_writes_its_records_in_one_sink_call(tmp_path: Path) -> None:
     """One write per sweep, not per task: per-task thread hops fell behind a busy proxy and idle
     ledgers piled up (about half of 10,000 tasks never ended under 450 calls/s)."""
-    from ragtoll.proxy.records import JsonlSink, TaskEnder
+    from ragtoll.proxy.tasks.records import JsonlSink, TaskEnder
 
     writes: list[int] = []
 

@@ -9,7 +9,7 @@ from importlib import resources
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from ragtoll.proxy.classifier import CLASSES, MAX_CHARS, classify
+from ragtoll.proxy.core.classifier import CLASSES, MAX_CHARS, classify
 
 
 def rows(split: str) -> list[dict[str, str]]:

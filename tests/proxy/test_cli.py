@@ -7,8 +7,8 @@ import subprocess
 import sys
 import time
 
-from ragtoll.proxy.signing import verify_budget_baggage
-from ragtoll.proxy.stages.identify import parse_baggage
+from ragtoll.proxy.core.signing import verify_budget_baggage
+from ragtoll.proxy.request.identify import parse_baggage
 
 KEY = "operator-secret-key-0123456789"
 

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from ragtoll.proxy import config
 from ragtoll.proxy.errors import ConfigError
 

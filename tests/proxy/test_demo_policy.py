@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import orjson
-from ragtoll.proxy.demo import corpus, policy, services, text
+from ragtoll.proxy.tools.demo import corpus, policy, services, text
 
 
 def _transcript(

@@ -7,8 +7,8 @@ import random
 import http_sfv
 import orjson
 import pytest
-from ragtoll.proxy import tokens
-from ragtoll.proxy.evidence_track import (
+from ragtoll.proxy.core import tokens
+from ragtoll.proxy.core.evidence_track import (
     chunk_key,
     evidence_header,
     evidence_pieces,

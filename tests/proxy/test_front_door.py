@@ -19,7 +19,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-
 from support.hostile import BOMB_INFLATED, STREAM_BYTES, HostileUpstream, gzip_bomb, normal_stream
 from support.process import RagtollProcess
 from support.servers import serve_in_thread

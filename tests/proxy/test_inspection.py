@@ -1,4 +1,4 @@
-"""The bounded copy of a response ragtoll reads (proxy/inspection.py) and the SSE splitter it feeds."""
+"""The bounded copy of a response ragtoll reads (proxy/request/inspection.py) and the SSE splitter it feeds."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 import zlib
 
 from ragtoll.proxy.adapters.base import SseReader
-from ragtoll.proxy.inspection import Inspector
 from ragtoll.proxy.model import Observation
+from ragtoll.proxy.request.inspection import Inspector
 
 
 class Recorder:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 from ragtoll.proxy import config
+from ragtoll.proxy.core.pricing import Cost, Prices, load_default_table
 from ragtoll.proxy.model import Call, Observation, Usage
-from ragtoll.proxy.pricing import Cost, Prices, load_default_table
 
 UPSTREAMS = [
     {"name": "openai", "kind": "llm", "api": "openai", "url": "http://127.0.0.1:1"},

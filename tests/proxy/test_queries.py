@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from ragtoll.proxy.queries import canonical_filters, filters_json, normalize, query_key
+from ragtoll.proxy.core.queries import canonical_filters, filters_json, normalize, query_key
 
 
 @pytest.mark.parametrize(("a", "b"), [

@@ -18,13 +18,14 @@ import httpx
 import orjson
 import pytest
 from conftest import ProxyFactory, Upstream
-from ragtoll.proxy import budget as bm
-from ragtoll.proxy import config, report
-from ragtoll.proxy.budget import Charge
+from ragtoll.proxy import config
+from ragtoll.proxy.core import budget as bm
+from ragtoll.proxy.core.budget import Charge
 from ragtoll.proxy.errors import ConfigError
-from ragtoll.proxy.records import JsonlSink, TaskEnder
 from ragtoll.proxy.stores.base import TaskMeta
 from ragtoll.proxy.stores.memory import MemoryStore
+from ragtoll.proxy.tasks.records import JsonlSink, TaskEnder
+from ragtoll.proxy.tools import report
 
 
 def record(i: int, pad: int = 60) -> dict[str, Any]:
@@ -107,7 +108,7 @@ async def test_concurrent_appends_in_one_process_stay_whole(tmp_path: Path) -> N
 
 WRITER = """
 import asyncio, sys
-from ragtoll.proxy.records import JsonlSink
+from ragtoll.proxy.tasks.records import JsonlSink
 sink = JsonlSink(sys.argv[1], max_bytes=1024, keep=200)
 async def main():
     for i in range(300):
@@ -134,7 +135,7 @@ def test_processes_sharing_one_file_rotate_it_without_losing_a_line(tmp_path: Pa
 
 FULL_DISK = """
 import asyncio, resource, signal, sys
-from ragtoll.proxy.records import JsonlSink
+from ragtoll.proxy.tasks.records import JsonlSink
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit write() fails with EFBIG instead
 resource.setrlimit(resource.RLIMIT_FSIZE, (3000, 3000))
 sink = JsonlSink(sys.argv[1], max_bytes=1 << 20, keep=3)

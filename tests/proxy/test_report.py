@@ -11,8 +11,8 @@ import orjson
 import pytest
 import redis
 from conftest import ProxyFactory
-from ragtoll.proxy import report, report_plot
 from ragtoll.proxy.cli import main
+from ragtoll.proxy.tools import report, report_plot
 
 FIXTURE = pathlib.Path(__file__).parent.parent / "fixtures" / "task_records.jsonl"
 

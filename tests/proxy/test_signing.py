@@ -10,8 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ragtoll.proxy.config import DIMENSIONS
-from ragtoll.proxy.errors import ConfigError
-from ragtoll.proxy.signing import (
+from ragtoll.proxy.core.signing import (
     EXP_KEY,
     FRACTIONAL,
     MAX_VALUE,
@@ -23,7 +22,8 @@ from ragtoll.proxy.signing import (
     sign_budget,
     verify_budget_baggage,
 )
-from ragtoll.proxy.stages.identify import parse_baggage
+from ragtoll.proxy.errors import ConfigError
+from ragtoll.proxy.request.identify import parse_baggage
 
 KEY = b"k" * 32
 NOW = 1_800_000_000.0

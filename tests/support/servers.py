@@ -3,10 +3,8 @@ app on the server `ragtoll serve` uses (proxy/server.py, granian), other apps un
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
-import socket
 import threading
 import time
 from collections.abc import Iterator

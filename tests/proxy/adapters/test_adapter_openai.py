@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from ragtoll.proxy import tokens
+from ragtoll.proxy.core import tokens
 from ragtoll.proxy.model import Usage
 from support.adapter_fixtures import adapter, load, observe, observe_every_split, parse, raw
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from ragtoll.proxy import queries
+from ragtoll.proxy.core import queries
 from ragtoll.proxy.model import Chunk
 from support.adapter_fixtures import adapter, load, observe, observe_every_split, parse
 
@@ -134,7 +134,7 @@ def test_huge_vector_components_still_key() -> None:
 
 
 def test_chunks_without_ids_get_their_text_fingerprint() -> None:
-    from ragtoll.proxy.evidence_track import chunk_key
+    from ragtoll.proxy.core.evidence_track import chunk_key
 
     ad = adapter("json", "retrieval", {"id": "missing"})
     obs = observe(ad, parse(ad, "/search", {"query": "q"}), b'{"results": [{"text": "Some Text"}, {"text": "some  text"}]}')

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
 from ragtoll.proxy.config import TasksConfig
 from ragtoll.proxy.errors import TaskRequired
-from ragtoll.proxy.stages.identify import Identifier, derived_trace_id, parse_baggage, parse_traceparent
+from ragtoll.proxy.request.identify import Identifier, derived_trace_id, parse_baggage, parse_traceparent
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 import redis
 import redis.asyncio as aioredis
-from ragtoll.proxy.budget import Actual, Charge
+from ragtoll.proxy.core.budget import Actual, Charge
 from ragtoll.proxy.stores.base import TaskMeta
 from ragtoll.proxy.stores.redis import RedisStore, task_keys
 

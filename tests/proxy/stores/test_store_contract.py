@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Iterator
 
 import orjson
 import pytest
-from ragtoll.proxy import budget as bm
-from ragtoll.proxy.budget import Actual, Charge
+from ragtoll.proxy.core import budget as bm
+from ragtoll.proxy.core.budget import Actual, Charge
 from ragtoll.proxy.stores.base import SEEN_CHUNKS_CAP, Store, TaskMeta
 from ragtoll.proxy.stores.memory import MemoryStore
 from ragtoll.proxy.stores.redis import RedisStore
@@ -261,7 +261,7 @@ async def test_ping(store: Store) -> None:
 async def test_a_sweep_appends_each_record_to_the_stream_once(kind: str, request: pytest.FixtureRequest) -> None:
     """A sweep's records reach the stream, each once, on one server and on a Cluster (the sink
     pipelines the batch; a Cluster pipeline must route it to the stream's node)."""
-    from ragtoll.proxy.records import TaskEnder, open_sink
+    from ragtoll.proxy.tasks.records import TaskEnder, open_sink
 
     url = request.getfixturevalue("redis_url" if kind == "redis" else "redis_cluster_url")
     stream = f"ragtoll:test-records:{uuid.uuid4().hex}"

@@ -15,8 +15,8 @@ from typing import Any
 
 import orjson
 
-from .config import PriceEntry, Settings, UpstreamConfig
-from .model import Call, Observation
+from ..config import PriceEntry, Settings, UpstreamConfig
+from ..model import Call, Observation
 
 FALLBACK = "default"  # reserved pricing entry name
 _TOKEN_OPS = ("chat", "text_completion", "embeddings")

@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from . import budget as bm
-from .config import DIMENSIONS, Settings
+from ..config import DIMENSIONS, Settings
+from ..core import budget as bm
+from ..request.identify import TASK_ID_PATTERN
 from .records import TaskEnder, _iso
-from .stages.identify import TASK_ID_PATTERN
 
 MAX_BODY = 4096
 MAX_REMEMBERED_ENDED = 100_000  # task ids that may still get a late outcome on this replica

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import orjson
 import xxhash
 
+from ..model import Chunk
 from . import tokens
-from .model import Chunk
 
 # A passage shorter than this is too common to identify evidence ("Yes.", "Sources:").
 MIN_PIECE_CHARS = 24

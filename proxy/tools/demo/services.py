@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .. import tokens
+from ...core import tokens
 from .corpus import INDEX_VERSION, PRINCIPALS, Chunk, Index
 from .policy import decide
 from .text import overlap, sentences

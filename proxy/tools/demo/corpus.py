@@ -39,7 +39,7 @@ class Task:
 
 
 def _lines(name: str) -> list[dict[str, Any]]:
-    data = importlib.resources.files("ragtoll.proxy.demo").joinpath("data", name).read_bytes()
+    data = importlib.resources.files("ragtoll.proxy.tools.demo").joinpath("data", name).read_bytes()
     return [orjson.loads(line) for line in data.splitlines() if line.strip()]
 
 

@@ -1,6 +1,6 @@
 """Writes corpus.jsonl, workload.jsonl and gold.jsonl next to this file (the data files are what ships).
 
-Deterministic (seeded). Run `python proxy/demo/data/generate.py` after editing facts or questions.
+Deterministic (seeded). Run `python proxy/tools/demo/data/generate.py` after editing facts or questions.
 Gold answers go to their own file: the agent and the scripted LLM never read it.
 """
 import json

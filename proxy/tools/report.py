@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from .errors import RagtollError
+from ..errors import RagtollError
 
 GROUPS = ("profile", "class", "route")
 # record key -> the budget dimension that limits it (max_prompt_tokens and max_stalled_retrievals

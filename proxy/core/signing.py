@@ -14,8 +14,8 @@ import math
 import re
 from collections.abc import Mapping
 
-from .config import DIMENSIONS
-from .errors import ConfigError
+from ..config import DIMENSIONS
+from ..errors import ConfigError
 
 PREFIX = "ragtoll.budget."
 SIG_KEY = PREFIX + "sig"

@@ -23,12 +23,12 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from ragtoll.instrumentation import semconv as sc
 
-from .config import Settings, Timeouts
-from .errors import BadRequest, BodyTooLarge, RagtollError, Rejected, RequestTimeout, render
+from ..config import Settings, Timeouts
+from ..errors import BadRequest, BodyTooLarge, RagtollError, Rejected, RequestTimeout, render
+from ..model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, Call, Observation, TaskRef
+from .identify import Identifier, derived_span_id, parse_traceparent
 from .inspection import Inspector
-from .model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, Call, Observation, TaskRef
 from .routing import Route, Router
-from .stages.identify import Identifier, derived_span_id, parse_traceparent
 from .upstream import UpstreamClient, UpstreamResponse
 
 Scope = MutableMapping[str, Any]

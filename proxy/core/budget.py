@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from .config import DIMENSIONS, BudgetsConfig, Profile
+from ..config import DIMENSIONS, BudgetsConfig, Profile
 
 NANO = 1_000_000_000  # cost is kept in nano-USD
 BAGGAGE_PROFILE = "ragtoll.budget.profile"

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import unquote
 
-from .adapters import ADAPTERS, Adapter
-from .config import UpstreamConfig
-from .errors import NotFound, Rejected
+from ..adapters import ADAPTERS, Adapter
+from ..config import UpstreamConfig
+from ..errors import NotFound, Rejected
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,9 @@ import httpx
 import openai
 from ragtoll.instrumentation import setup
 
-from .. import config, report
-from ..app import build_app
+from ... import config
+from ...app import build_app
+from .. import report
 from . import agent, scoring, services
 from .corpus import PRINCIPALS, Task, load_corpus, load_gold, load_workload
 from .serving import serve

@@ -13,7 +13,7 @@ from ragtoll.instrumentation import semconv as sc
 
 from ..config import Settings
 from ..model import Call, Observation
-from ..pipeline import Exchange, Reply
+from ..request.pipeline import Exchange, Reply
 
 
 class SettleStage:

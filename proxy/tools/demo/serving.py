@@ -8,8 +8,8 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from ..config import ServerConfig
-from ..server import free_port, make_server, running
+from ...config import ServerConfig
+from ...server import free_port, make_server, running
 
 
 @contextlib.contextmanager

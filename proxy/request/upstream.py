@@ -39,8 +39,8 @@ from opentelemetry.instrumentation.httpx import AsyncOpenTelemetryTransportHttpx
 from opentelemetry.metrics import NoOpMeterProvider
 from opentelemetry.trace import TracerProvider
 
-from .config import Timeouts, TlsConfig, UpstreamConfig
-from .errors import BadRequest, UpstreamError, UpstreamTimeout, UpstreamUnavailable
+from ..config import Timeouts, TlsConfig, UpstreamConfig
+from ..errors import BadRequest, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 PARSER = "python" if aiohttp.helpers.NO_EXTENSIONS else "c"
 # Trace context leaves ragtoll only toward trusted upstreams; baggage never toward others.

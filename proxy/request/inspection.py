@@ -17,7 +17,7 @@ import zlib
 from collections.abc import Callable
 from typing import Protocol
 
-from .model import Observation
+from ..model import Observation
 
 
 class _Observer(Protocol):

@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from .budget import Ledger, usd
-from .config import DEFAULT_RECORDS_KEEP, DEFAULT_RECORDS_MAX_BYTES
+from ..config import DEFAULT_RECORDS_KEEP, DEFAULT_RECORDS_MAX_BYTES
+from ..core.budget import Ledger, usd
 
 log = logging.getLogger("ragtoll.records")
 END_EXPLICIT = "explicit"

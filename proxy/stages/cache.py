@@ -1,0 +1,401 @@
+"""Evidence stage: serves ACL-checked cached evidence for retrieval calls, exact caches for embeddings/rerank.
+
+Runs before the budget stage. On a servable hit it does not reply itself: it sets
+`ex.state["cache_hit"]` (a `CacheHit` with `.reply`, `.tier`, `.similarity`) and the budget stage
+charges it as a call and returns the reply (`serve_hits=True` replies here, for a pipeline without
+one). On a miss, `on_end` files the evidence (status 200, body complete, chunks parsed) with ACLs
+and the source version. Cache trouble never fails a call: it is recorded and the call goes upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import xxhash
+from opentelemetry import metrics, trace
+from ragtoll.instrumentation import semconv as sc
+
+from ..adapters.fields import get_path
+from ..cache import acl
+from ..cache.audit import Auditor, compare
+from ..cache.embedders import Embedder, make_embedder
+from ..cache.entry import Entry, EvidenceStore
+from ..cache.evidence import EvidenceCache, Lookup, Query
+from ..cache.partition import Partition, exact_key
+from ..cache.principal import Principal, PrincipalResolver
+from ..cache.store_memory import MemoryEvidenceStore
+from ..cache.versions import Versions
+from ..config import Settings, Timeouts, UpstreamConfig
+from ..errors import ConfigError
+from ..request.pipeline import Exchange, Reply, upstream_headers
+from ..request.upstream import UpstreamClient
+
+CACHE_HEADER = b"x-ragtoll-cache"
+_SHORT = Timeouts(connect=1.0, read=5.0, write=5.0, pool=1.0)
+
+
+@dataclass(slots=True)
+class CacheHit:
+    reply: Reply
+    tier: str  # exact | semantic
+    similarity: float
+    entry: Entry
+
+
+@dataclass(slots=True)
+class _Pending:
+    lookup: Lookup | None
+    key: tuple[str, str] | None = None  # exact caches: (partition key, body key)
+    parts: list[bytes] = field(default_factory=list)
+    size: int = 0
+    too_big: bool = False
+
+
+class EvidenceStage:
+    def __init__(self, settings: Settings, *, store: EvidenceStore | None = None, embedder: Embedder | None = None,
+                 client: UpstreamClient | None = None, tracer_provider: Any = None, meter_provider: Any = None,
+                 env: Mapping[str, str] | None = None, serve_hits: bool = False) -> None:
+        cfg = settings.cache
+        _validate(settings)
+        self.settings = settings
+        self.cfg = cfg
+        self.serve_hits = serve_hits
+        self._client = client
+        self._owns_client = client is None
+        self._upstreams = {u.name: u for u in settings.upstreams}
+        self.resolver = PrincipalResolver(settings.identity, os.environ if env is None else env)
+        if store is None:
+            if settings.store == "memory":
+                store = MemoryEvidenceStore(cfg.max_entries, cfg.max_bytes, cfg.max_partition_entries)
+            else:
+                from ..cache.store_redis import RedisEvidenceStore
+
+                store = RedisEvidenceStore.from_url(settings.store, cfg.max_partition_entries,
+                                                    settings.store_timeout_ms / 1000)
+        self.store = store
+        if embedder is None:
+            embedder = make_embedder(cfg.embedder, self._post_embeddings, cfg.embedder_model)
+        authz = acl.ExternalAuthz(cfg.authz_url, self._post_url, cfg.authz_ttl_s, cfg.authz_timeout_s) \
+            if cfg.authz_url else None
+        self.auditor = Auditor(cfg.audit_fraction, cfg.similarity, cfg.audit_target, cfg.audit_step)
+        self.cache = EvidenceCache(store, embedder=embedder, versions=Versions(store, cfg.sources),
+                                   similarity=cfg.similarity, candidates=cfg.candidates, ttl_s=cfg.ttl_s,
+                                   public=cfg.acl_public, authz=authz, auditor=self.auditor,
+                                   min_top_margin=cfg.min_top_margin)
+        tp = tracer_provider or trace.get_tracer_provider()
+        self._tracer = tp.get_tracer("ragtoll.proxy.cache")
+        meter = (meter_provider or metrics.get_meter_provider()).get_meter("ragtoll.proxy.cache")
+        self._audits = meter.create_counter(sc.METRIC_CACHE_AUDITS, unit="{audit}",
+                                            description="Semantic hits re-run upstream, by agreement")
+        self._background: set[asyncio.Task[None]] = set()
+        # misses whose evidence is still to be filed: the response can reach the client before
+        # `on_end` has stored it (tests and drains wait for zero)
+        self.pending_filings = 0
+
+    # --- admin ------------------------------------------------------------------------------------
+
+    async def set_source_version(self, name: str, version: str) -> None:
+        """`POST /admin/sources/{name}/version`: entries of older versions become unreachable."""
+        if name not in self._upstreams:
+            raise KeyError(name)
+        await self.cache.versions.set(name, version)
+
+    async def aclose(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        if self._owns_client and self._client is not None:
+            await self._client.aclose()
+        await self.store.aclose()
+
+    # --- phases -----------------------------------------------------------------------------------
+
+    async def on_request(self, ex: Exchange) -> Reply | None:
+        if not self.cfg.enabled or ex.method != "POST" or ex.body is None:
+            return None
+        op = ex.call.operation
+        if op not in ("retrieval", "embeddings", "rerank") or (op != "retrieval" and not self.cfg.exact_embeddings):
+            return None
+        control = ex.headers.get("cache-control", "").lower()
+        resolution = self.resolver.resolve(ex.headers)
+        principal = resolution.principal
+        if principal is None or ex.call.parse_error:
+            self._bypass(ex, resolution.reason or "parse_error")
+            return None
+        try:
+            if op == "retrieval":
+                hit, pending = await self._lookup_retrieval(ex, principal, "no-cache" in control)
+            else:
+                hit, pending = await self._lookup_exact(ex, principal, "no-cache" in control)
+        except Exception as exc:  # noqa: BLE001 - a store or embedder failure is a miss, never an error
+            if ex.span is not None:
+                ex.span.record_exception(exc)
+            self._bypass(ex, "store_error")
+            return None
+        if hit is not None:
+            ex.state["cache_hit"] = hit
+            return hit.reply if self.serve_hits else None
+        if pending is not None and "no-store" not in control:
+            ex.state["evidence"] = pending
+            self.pending_filings += 1
+        return None
+
+    def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None:
+        pending: _Pending | None = ex.state.get("evidence")
+        if pending is not None and not pending.too_big:
+            pending.size += len(chunk)
+            if pending.size > self.cfg.max_body_bytes:
+                pending.too_big, pending.parts = True, []
+            else:
+                pending.parts.append(chunk)
+        return None
+
+    async def on_end(self, ex: Exchange) -> None:
+        pending: _Pending | None = ex.state.pop("evidence", None)
+        if pending is None:
+            return
+        try:
+            if pending.too_big or ex.status != 200 or ex.outcome != "ok" or not ex.state.get("complete"):
+                return
+            body = b"".join(pending.parts)
+            if pending.key is not None:
+                entry = Entry("", None, (), (), body, owner=None, created=time.time())
+                await self.store.put(pending.key[0], pending.key[1], entry, None, self.cfg.ttl_s)
+            elif pending.lookup is not None:
+                await self._file(ex, pending.lookup, body)
+        except Exception as exc:  # noqa: BLE001 - failing to cache never fails the call
+            if ex.span is not None:
+                ex.span.record_exception(exc)
+        finally:
+            self.pending_filings -= 1
+
+    # --- retrieval --------------------------------------------------------------------------------
+
+    async def _lookup_retrieval(self, ex: Exchange, principal: Principal,
+                                no_cache: bool) -> tuple[CacheHit | None, _Pending | None]:
+        call = ex.call
+        if not isinstance(call.query, str) or not call.query.strip() or call.query_vector is not None:
+            self._bypass(ex, "no_query")
+            return None, None
+        q = Query(ex.route.upstream.name, call.query, call.filters, call.top_k, principal)
+        if no_cache:
+            part = await self.cache.partition(q)
+            from ..cache.partition import normalize_query
+
+            norm = normalize_query(q.text)
+            self._bypass(ex, "no-cache")
+            return None, _Pending(Lookup(q, part, norm, exact_key(norm)))
+        lk = await self.cache.lookup(q)
+        self._annotate(ex, lk.tier, lk.similarity, lk.reason, lk.seconds, lk.partition)
+        if lk.entry is None:
+            return None, _Pending(lk)
+        reply = self._reply(ex.route.upstream, lk.entry, call.top_k, lk.tier or "exact")
+        hit = CacheHit(reply, lk.tier or "exact", lk.similarity or 1.0, lk.entry)
+        if lk.tier == "semantic" and self.auditor.sample():
+            self._spawn(self._audit(ex, lk, hit))
+        return hit, None
+
+    async def _file(self, ex: Exchange, lk: Lookup, body: bytes) -> None:
+        obs = ex.observation
+        if obs.chunks is None or obs.parse_error:
+            return
+        ids = [c.id for c in obs.chunks]
+        if not all(ids):
+            return
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return
+        version = obs.source_version
+        if version is None and self.cfg.version_field and isinstance(doc, dict):
+            found = get_path(doc, self.cfg.version_field)
+            version = str(found) if isinstance(found, (str, int)) else None
+        fields = ex.route.upstream.fields
+        vocab = metadata_words(get_path(doc, fields.get("results", "results")),
+                               {fields.get("text", "text"), fields.get("id", "id"), fields.get("score", "score")})
+        await self.cache.store_evidence(lk, chunk_ids=ids, acls=[c.acl for c in obs.chunks], body=body,
+                                        vocab=vocab, version=version, scores=[c.score for c in obs.chunks])
+
+    def _reply(self, upstream: UpstreamConfig, entry: Entry, top_k: int | None, tier: str) -> Reply:
+        body = entry.body
+        if top_k is not None and entry.top_k is not None and top_k < entry.top_k:
+            body = trim_results(body, upstream.fields.get("results", "results"), top_k)
+        return Reply(200, body, [(CACHE_HEADER, f"hit; tier={tier}".encode())], entry.content_type.encode())
+
+    # --- embeddings and rerank: exact, keyed by the request body and the caller ------------------
+
+    async def _lookup_exact(self, ex: Exchange, principal: Principal,
+                            no_cache: bool) -> tuple[CacheHit | None, _Pending | None]:
+        try:
+            canon = orjson.dumps(orjson.loads(ex.body or b""), option=orjson.OPT_SORT_KEYS)
+        except orjson.JSONDecodeError:
+            self._bypass(ex, "not_json")
+            return None, None
+        # Keyed by the caller too: a credential the upstream would refuse never gets its answers.
+        part = Partition(ex.route.upstream.name, "exact:" + ex.target, b"", principal.key)
+        bkey = xxhash.xxh3_128_hexdigest(canon)
+        pending = _Pending(None, (part.key, bkey))
+        if no_cache:
+            self._bypass(ex, "no-cache")
+            return None, pending
+        t0 = time.perf_counter()
+        entry = await self.store.get(part.key, bkey)
+        self._annotate(ex, "exact" if entry else None, 1.0 if entry else None, "none",
+                       time.perf_counter() - t0, part)
+        if entry is None:
+            return None, pending
+        reply = Reply(200, entry.body, [(CACHE_HEADER, b"hit; tier=exact")], entry.content_type.encode())
+        return CacheHit(reply, "exact", 1.0, entry), None
+
+    # --- telemetry --------------------------------------------------------------------------------
+
+    def _annotate(self, ex: Exchange, tier: str | None, similarity: float | None, reason: str, seconds: float,
+                  part: Partition) -> None:
+        result = "hit" if tier else "miss"
+        attrs: dict[str, Any] = {sc.CACHE_RESULT: result, sc.CACHE_HIT: tier is not None,
+                                 sc.CACHE_LOOKUP_MS: round(seconds * 1000, 3)}
+        if tier:
+            attrs[sc.CACHE_TIER] = tier
+        if similarity is not None:
+            attrs[sc.CACHE_SIMILARITY] = round(similarity, 4)
+        if not tier and reason:
+            attrs[sc.CACHE_REASON] = reason
+        if tier == "semantic" or (not tier and ex.call.operation == "retrieval"):
+            attrs[sc.CACHE_THRESHOLD] = self.auditor.threshold(part.source)
+        if ex.span is not None:
+            ex.span.set_attributes(attrs)
+        ex.state["cache_result"] = result  # counted with the call's other metrics (instrumentation.metrics)
+
+    def _bypass(self, ex: Exchange, reason: str) -> None:
+        if ex.span is not None:
+            ex.span.set_attributes({sc.CACHE_RESULT: "bypass", sc.CACHE_HIT: False, sc.CACHE_REASON: reason})
+        ex.state["cache_result"] = "bypass"
+
+    # --- self-audit, off the request path ----------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _audit(self, ex: Exchange, lk: Lookup, hit: CacheHit) -> None:
+        parent = trace.set_span_in_context(ex.span) if ex.span is not None else None
+        with self._tracer.start_as_current_span("cache.audit " + ex.route.upstream.name, context=parent) as span:
+            try:
+                headers = [(k, v) for k, v in upstream_headers(ex.raw_headers) if k.lower() != b"content-length"]
+                status, body, resp_headers = await self._send(ex.route.upstream, ex.method, ex.target, headers,
+                                                              ex.body or b"")
+                observer = ex.route.adapter.observer(ex.call, status, resp_headers)
+                observer.feed(body, True)
+                chunks = observer.observation.chunks
+                if status != 200 or chunks is None:
+                    span.set_attribute(sc.CACHE_REASON, f"audit:upstream_{status}")
+                    return
+                result = compare(hit.entry.chunk_ids, [c.id for c in chunks], ex.call.top_k)
+                raised = await self.auditor.record(lk.partition.source, result)
+                attrs: dict[str, Any] = {sc.CACHE_AUDIT_SAME_TOP: result.same_top,
+                                         sc.CACHE_AUDIT_OVERLAP: round(result.overlap, 4),
+                                         sc.CACHE_AUDIT_AGREES: result.agrees,
+                                         sc.CACHE_SIMILARITY: round(hit.similarity, 4),
+                                         sc.CACHE_THRESHOLD: raised or self.auditor.threshold(lk.partition.source)}
+                span.add_event(sc.EVENT_CACHE_AUDIT, attrs)
+                self._audits.add(1, {sc.CACHE_AUDIT_AGREES: result.agrees, sc.UPSTREAM: ex.route.upstream.name})
+            except Exception as exc:  # noqa: BLE001 - an audit failure only costs the sample
+                span.record_exception(exc)
+
+    # --- upstream I/O (through ragtoll's own client) ---------------------------------------------
+
+    def _upstream_client(self) -> UpstreamClient:
+        if self._client is None:
+            self._client = UpstreamClient(self.settings.upstreams)
+        return self._client
+
+    async def _send(self, upstream: UpstreamConfig, method: str, target: str, headers: list[tuple[bytes, bytes]],
+                    body: bytes, timeouts: Timeouts = _SHORT) -> tuple[int, bytes, Mapping[str, str]]:
+        response = await self._upstream_client().send(upstream, method, target, headers, body, timeouts=timeouts)
+        try:
+            parts = [c async for c in response.chunks()]
+            return response.status, b"".join(parts), response.headers
+        finally:
+            await response.aclose()
+
+    async def _post_embeddings(self, body: bytes) -> tuple[int, bytes]:
+        name = self.cfg.embedder[len("upstream:"):]
+        upstream = self._upstreams[name]
+        target = "/embeddings" if upstream.url.rstrip("/").endswith("/v1") else "/v1/embeddings"
+        status, raw, _ = await self._send(upstream, "POST", target, [(b"content-type", b"application/json")], body)
+        return status, raw
+
+    async def _post_url(self, url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+        authz = UpstreamConfig(name="authz", kind="other", url=url)
+        t = Timeouts(connect=timeout_s, read=timeout_s, write=timeout_s, pool=timeout_s)
+        async with asyncio.timeout(timeout_s * 2):
+            status, raw, _ = await self._send(authz, "POST", "", [(b"content-type", b"application/json")], body, t)
+        return status, raw
+
+
+def trim_results(body: bytes, path: str, top_k: int) -> bytes:
+    """The cached body with its results list cut to `top_k` (unchanged when the shape is unexpected)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body
+    if path in ("", ".") and isinstance(doc, list):
+        return orjson.dumps(doc[:top_k])
+    parent_path, _, leaf = path.rpartition(".")
+    parent = get_path(doc, parent_path) if parent_path else doc
+    if isinstance(parent, dict) and isinstance(parent.get(leaf), list):
+        parent[leaf] = parent[leaf][:top_k]
+        return orjson.dumps(doc)
+    return body
+
+
+def metadata_words(results: Any, skip: set[str], limit: int = 200) -> list[str]:
+    """Short categorical metadata values of the results (plan types, regions, products): filter-like words."""
+    out: set[str] = set()
+
+    def walk(node: Any, depth: int) -> None:
+        if len(out) >= limit or depth > 4:
+            return
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k not in skip:
+                    walk(v, depth + 1)
+        elif isinstance(node, list):
+            for v in node[:50]:
+                walk(v, depth + 1)
+        elif isinstance(node, str) and 0 < len(node) <= 32 and len(node.split()) <= 2:
+            out.update(w.casefold() for w in node.replace("_", " ").split())
+
+    if isinstance(results, list):
+        for r in results:
+            walk(r, 0)
+    return sorted(out)
+
+
+def _validate(settings: Settings) -> None:
+    cfg = settings.cache
+
+    def bad(key: str, value: Any, valid: str) -> None:
+        raise ConfigError(f"Config 'cache.{key}' has value {value!r}. Expected {valid}.", key=f"cache.{key}")
+
+    if not 0 < cfg.similarity <= 1:
+        bad("similarity", cfg.similarity, "a cosine similarity in (0, 1]")
+    if cfg.ttl_s < 1:
+        bad("ttl_s", cfg.ttl_s, "at least 1 second")
+    for key in ("candidates", "max_entries", "max_bytes", "max_partition_entries", "max_body_bytes"):
+        if getattr(cfg, key) < 1:
+            bad(key, getattr(cfg, key), "an integer >= 1")
+    if not 0 <= cfg.audit_fraction <= 1:
+        bad("audit_fraction", cfg.audit_fraction, "a fraction in [0, 1]")
+    if not 0 < cfg.audit_target <= 1:
+        bad("audit_target", cfg.audit_target, "a fraction in (0, 1]")
+    if cfg.authz_url is not None and not cfg.authz_url.startswith(("http://", "https://")):
+        bad("authz_url", cfg.authz_url, "an http:// or https:// URL")
+    if not cfg.acl_public:
+        bad("acl_public", cfg.acl_public, "a non-empty marker such as public")

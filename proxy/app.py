@@ -26,34 +26,43 @@ from starlette.routing import Route as HttpRoute
 
 from . import __version__
 from .cache.admin import version_endpoint
+from .cache.principal import PrincipalResolver
 from .config import Settings
 from .core import tokens
 from .errors import NotFound, render
+from .request.exchange import Exchange, Stage
 from .request.identify import Identifier, derived_span_id
-from .request.pipeline import Exchange, Pipeline, Receive, Scope, Send, Stage
+from .request.pipeline import Pipeline, Receive, Scope, Send
 from .request.routing import Router
 from .request.upstream import UpstreamClient
-from .stages.budget import BudgetStage, Ticket
-from .stages.cache import EvidenceStage
-from .stages.evidence import LandfillStage
-from .stages.span import SettleStage
-from .stores import Store, open_store
+from .secrets import budget_hmac_key
+from .stages.budget import BudgetStage
+from .stages.cache import CacheStage
+from .stages.evidence import EvidenceStage
+from .stages.outcome import OutcomeStage
+from .stages.span import SpanStage
+from .stores import Stores, open_stores
 from .tasks.admin import AdminApi
 from .tasks.records import TaskEnder, open_sink
 
 TRACER_NAME = "ragtoll.proxy"
 
 
-def build_stages(settings: Settings, store: Store | None = None, meter: Any = None,
-                 evidence: EvidenceStage | None = None) -> list[Stage]:
-    """The ordered stage list (DESIGN.md): evidence cache, budget, context-landfill count, settle."""
+def build_stages(settings: Settings, *, stores: Stores, client: UpstreamClient, resolver: PrincipalResolver,
+                 env: Mapping[str, str], ender: TaskEnder, tracer_provider: Any = None,
+                 meter_provider: Any = None) -> list[Stage]:
+    """The ordered stage list (DESIGN.md): the cache (proposes a hit), the budget (charges or refuses
+    it, reserves the call), evidence (what the answer brought, the context landfill), the span
+    record, and baggage outcomes. `on_end` runs in reverse order."""
     stages: list[Stage] = []
-    if evidence is not None:
-        stages.append(evidence)
-    if store is not None and settings.budgets.enabled:
-        stages.append(BudgetStage(settings, store, meter=meter))
-    stages.append(LandfillStage())
-    stages.append(SettleStage(settings))
+    if settings.cache.enabled:
+        stages.append(CacheStage(settings, store=stores.evidence, client=client, resolver=resolver,
+                                 tracer_provider=tracer_provider, meter_provider=meter_provider))
+    if settings.budgets.enabled:
+        stages.append(BudgetStage(settings, stores.budget, hmac_key=budget_hmac_key(settings, env)))
+    stages.append(EvidenceStage())
+    stages.append(SpanStage(settings))
+    stages.append(OutcomeStage(ender.record_outcome, settings.store_timeout_ms / 1000))
     return stages
 
 
@@ -75,20 +84,20 @@ class RagtollApp:
         self.tracer = self.tracer_provider.get_tracer(TRACER_NAME, __version__)
         self.router = Router(settings.upstreams)
         self.identifier = Identifier(settings.tasks)
+        # identity config (a JWT secret, a JWKS file) is checked here: a bad one stops start-up
+        self.resolver = PrincipalResolver(settings.identity, self.env)
+        budget_hmac_key(settings, self.env)  # a weak or unreadable key stops start-up too
         self.pipeline: Pipeline | None = None
-        self.store: Store | None = None
+        self.stores: Stores | None = None
         self.on_started: Callable[[], None] | None = None  # called once the lifespan has started
         self.admin = AdminApi(settings, env=self.env)
         self.metrics = Metrics(self.meter_provider, upstreams=[u.name for u in settings.upstreams],
                                profiles=list(settings.budgets.profiles), version=__version__)
-        # With a budget stage present it serves cache hits after charging them; alone, the cache does.
-        self.evidence = EvidenceStage(settings, tracer_provider=self.tracer_provider,
-                                      meter_provider=self.meter_provider, env=self.env,
-                                      serve_hits=not settings.budgets.enabled) if settings.cache.enabled else None
+        self.cache: CacheStage | None = None  # the cache stage while serving (its lifespan)
         extra: list[HttpRoute] = []
-        if self.evidence is not None:
+        if settings.cache.enabled:
             extra.append(HttpRoute("/admin/sources/{name}/version",
-                                   version_endpoint(self.evidence.set_source_version, self.admin.unauthorized),
+                                   version_endpoint(self._set_source_version, self.admin.unauthorized),
                                    methods=["POST"]))
         self.starlette = Starlette(
             routes=[
@@ -107,29 +116,28 @@ class RagtollApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
+        """Every resource is made here, once, and passed down: the upstream client (the forwarder's
+        and the cache's), the stores (one store client for budgets, cache and audit), the stages."""
         client = UpstreamClient(self.settings.upstreams, tracer_provider=self.tracer_provider)
-        store = open_store(self.settings)
-        self.store = store
-        meter = self.meter_provider.get_meter(TRACER_NAME, __version__)
+        stores = self.stores = open_stores(self.settings)
         # Build the token encodings now, not on the first LLM call (about 0.3 s).
         await asyncio.get_running_loop().run_in_executor(None, tokens.warm)
-        self.pipeline = Pipeline(
-            self.settings, self.router, client, build_stages(self.settings, store, meter, self.evidence),
-            self.identifier, self.tracer, on_end=self._record_call,
-        )
         budgets = self.settings.budgets
-        ender = TaskEnder(store, open_sink(store, budgets.records_file, max_bytes=budgets.records_max_bytes,
-                                           keep=budgets.records_keep), self.settings.tasks.idle_timeout_s)
+        ender = TaskEnder(stores.budget, open_sink(stores.budget, budgets.records_file,
+                                                   max_bytes=budgets.records_max_bytes, keep=budgets.records_keep),
+                          self.settings.tasks.idle_timeout_s)
+        stages = build_stages(self.settings, stores=stores, client=client, resolver=self.resolver, env=self.env,
+                              ender=ender, tracer_provider=self.tracer_provider, meter_provider=self.meter_provider)
+        self.cache = next((s for s in stages if isinstance(s, CacheStage)), None)
+        self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.tracer,
+                                 on_end=self._record_call)
+        ender.listeners.append(self._task_ended)
+        task_stages = [s for s in stages if type(s).on_task_end is not Stage.on_task_end]
+        ender.listeners.append(lambda record: _forget(task_stages, str(record.get("task_id"))))
+        self.admin.ender = ender
         # Everything made so far (modules, encodings, config) lives as long as the process: keep it
         # out of the garbage collector's full passes, which otherwise grow with it.
         gc.freeze()
-        ender.listeners.append(self._task_ended)
-        for stage in self.pipeline.stages:
-            if isinstance(stage, BudgetStage):
-                stage.on_outcome = ender.record_outcome
-            if isinstance(stage, BudgetStage | LandfillStage):  # per-task state, dropped when the task ends
-                ender.listeners.append(stage.forget)
-        self.admin.ender = ender
         sweeper = asyncio.get_running_loop().create_task(_sweep(ender, self.settings.tasks.idle_timeout_s))
         if self.on_started is not None:
             self.on_started()
@@ -141,11 +149,18 @@ class RagtollApp:
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
+            if self.cache is not None:
+                await self.cache.aclose()
+            self.cache = None
             await client.aclose()
-            self.store = None
-            await store.aclose()
-            if self.evidence is not None:
-                await self.evidence.aclose()
+            self.stores = None
+            await stores.aclose()
+
+    async def _set_source_version(self, name: str, version: str) -> None:
+        """`POST /admin/sources/{name}/version`: entries of older versions become unreachable."""
+        if self.cache is None:
+            raise RuntimeError("ragtoll is not serving yet")
+        await self.cache.set_source_version(name, version)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.pipeline is not None:
@@ -162,12 +177,12 @@ class RagtollApp:
         return JSONResponse({"status": "ok", "version": __version__})
 
     async def readyz(self, request: Request) -> Response:
-        if self.pipeline is None or self.store is None:
+        if self.pipeline is None or self.stores is None:
             return JSONResponse({"status": "starting"}, status_code=503)
         store = "memory" if self.settings.store == "memory" else self.settings.store.partition("://")[0]
         try:
             async with asyncio.timeout(self.settings.store_timeout_ms / 1000):
-                await self.store.ping()
+                await self.stores.budget.ping()
         except Exception as exc:  # noqa: BLE001 - any store failure means not ready
             return JSONResponse({"status": "store_unavailable", "store": store, "error": type(exc).__name__},
                                 status_code=503)
@@ -182,13 +197,13 @@ class RagtollApp:
 
     def _record_call(self, ex: Exchange) -> None:
         """Metrics of one finished call (the pipeline's failsafe end hook)."""
-        ticket: Ticket | None = ex.state.get("budget")
+        ticket = ex.ticket
         usage = ex.observation.usage
-        hit = ex.state.get("cache_hit")
-        cache_result = ex.state.get("cache_result")
+        cache = ex.cache
+        hit = cache is not None and cache.result == "hit" and ex.proposal is not None
         self.metrics.record_call(
             operation=ex.call.operation, provider=ex.route.upstream.api, upstream=ex.route.upstream.name,
-            kind=ex.route.upstream.kind, outcome="cache_hit" if hit is not None and ex.outcome == "ok" else ex.outcome,
+            kind=ex.route.upstream.kind, outcome="cache_hit" if hit and ex.outcome == "ok" else ex.outcome,
             duration_s=time.perf_counter() - ex.started, upstream_s=ex.upstream_seconds,
             request_model=ex.call.model, response_model=ex.observation.response_model,
             input_tokens=usage.input_tokens if usage else None, output_tokens=usage.output_tokens if usage else None,
@@ -196,7 +211,7 @@ class RagtollApp:
             error_type=ex.error.code if ex.error is not None else None,
             rejected_dimension=ticket.dimension if ticket and (not ticket.admitted or ticket.shadow) else None,
             budget_mode=("shadow" if ticket.shadow else "enforce") if ticket else None,
-            cache_result=cache_result, cache_tier=getattr(hit, "tier", None),
+            cache_result=cache.result if cache else None, cache_tier=cache.tier if cache else None,
         )
 
     def _task_ended(self, record: dict[str, Any]) -> None:
@@ -222,6 +237,11 @@ class RagtollApp:
     async def not_found(self, request: Request, _exc: Exception | None = None) -> Response:
         error = self.router.not_found(request.url.path)
         return Response(render(error), status_code=error.status, media_type="application/json")
+
+
+def _forget(stages: list[Stage], task_id: str) -> None:
+    for stage in stages:
+        stage.on_task_end(task_id)
 
 
 async def _sweep(ender: TaskEnder, idle_timeout_s: float) -> None:

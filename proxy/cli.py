@@ -60,10 +60,11 @@ def _check(args: argparse.Namespace) -> int:
 def _sign(args: argparse.Namespace) -> int:
     import time
 
-    from .core.signing import load_key, sign_budget
+    from .core.signing import sign_budget
+    from .secrets import hmac_key
 
     try:
-        key = load_key(None if args.key_file else args.key_env, args.key_file, os.environ)
+        key = hmac_key(os.environ, None if args.key_file else args.key_env, args.key_file)
         if key is None:
             raise ConfigError(f"no HMAC key: set {args.key_env} or pass --key-file")
         limits = {}

@@ -445,11 +445,11 @@ def _check_transport(where: str, up: UpstreamConfig, seen: dict[str, tuple[str, 
 
 
 def _check_adapter(where: str, up: UpstreamConfig) -> None:
-    from .adapters import ADAPTERS  # late: the registry imports adapters, which import config
+    from . import adapters  # the registry's public functions; imported late only to keep check-config light
 
-    if up.api not in ADAPTERS:
-        _bad(f"{where}.api", up.api, f"one of the adapters: {', '.join(sorted(ADAPTERS))}")
-    keys = getattr(ADAPTERS[up.api], "field_keys", None)  # adapters driven by `fields:` paths say which
+    if up.api not in adapters.names():
+        _bad(f"{where}.api", up.api, f"one of the adapters: {', '.join(adapters.names())}")
+    keys = adapters.field_keys(up.api)  # adapters driven by `fields:` paths say which they read
     if keys is not None:
         for key in sorted(set(up.fields) - keys):
             _bad(f"{where}.fields.{key}", up.fields[key], f"a field of {up.api}: one of {', '.join(sorted(keys))}")

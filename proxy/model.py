@@ -87,6 +87,7 @@ class Observation:
     source_version: str | None = None
     parse_error: str | None = None
     unread: str | None = None  # why ragtoll stopped reading the response (inspection.Inspector)
+    response_id: str | None = None  # the id a stream's closing event must repeat (OpenAI Responses)
     output_text: list[str] = field(default_factory=list)  # generated text, first OUTPUT_TEXT_KEEP chars
     output_kept: int = 0  # characters in output_text
 

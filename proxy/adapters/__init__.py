@@ -27,4 +27,17 @@ ADAPTERS: dict[str, AdapterFactory] = {
     "passthrough": PassthroughAdapter,
 }
 
-__all__ = ["ADAPTERS", "Adapter", "AdapterFactory"]
+
+
+def names() -> list[str]:
+    """The `api:` names an upstream may use."""
+    return sorted(ADAPTERS)
+
+
+def field_keys(api: str) -> frozenset[str] | None:
+    """The `fields:` keys the adapter reads (field-path driven adapters), or None when it reads none."""
+    keys = getattr(ADAPTERS[api], "field_keys", None)
+    return frozenset(keys) if keys is not None else None
+
+
+__all__ = ["ADAPTERS", "Adapter", "AdapterFactory", "field_keys", "names"]

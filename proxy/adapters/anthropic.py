@@ -10,10 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import UpstreamConfig
+import orjson
+
 from ..core import tokens
 from ..model import Call, Observation, Usage
-from .base import BufferedJsonObserver, JsonStreamObserver, NullObserver, Observer, json_body, safe_parse
+from .base import (
+    BufferedJsonObserver,
+    JsonStreamObserver,
+    NullObserver,
+    Observer,
+    UpstreamInfo,
+    json_body,
+    safe_parse,
+)
 from .fields import as_int, as_str, json_text
 
 
@@ -22,7 +31,7 @@ class AnthropicAdapter:
     error_style = "anthropic"
     reads_body = True
 
-    def __init__(self, upstream: UpstreamConfig) -> None:
+    def __init__(self, upstream: UpstreamInfo) -> None:
         self.upstream = upstream
 
     def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call:
@@ -41,6 +50,13 @@ class AnthropicAdapter:
         if "text/event-stream" in headers.get("content-type", ""):
             return MessagesStreamObserver(enc)
         return MessagesObserver()
+
+    def stream_end(self, call: Call, observation: Observation, path: str, now_s: int) -> bytes:
+        """`message_delta` with stop_reason max_tokens and the output so far, then `message_stop`."""
+        delta = {"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
+                 "usage": {"output_tokens": observation.output_tokens_seen}}
+        return (b"event: message_delta\ndata: " + orjson.dumps(delta) + b"\n\n"
+                b"event: message_stop\ndata: " + orjson.dumps({"type": "message_stop"}) + b"\n\n")
 
 
 def _blocks_text(content: Any, out: list[str]) -> None:

@@ -12,7 +12,6 @@ from typing import Protocol
 
 import orjson
 
-from ..config import UpstreamConfig
 from ..core import tokens
 from ..model import Call, Observation
 
@@ -32,6 +31,19 @@ class Observer(Protocol):
     def feed(self, chunk: bytes, end: bool) -> None: ...
 
 
+class UpstreamInfo(Protocol):
+    """What an adapter knows of its upstream (config.UpstreamConfig has these; adapters never import config)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def fields(self) -> Mapping[str, str]: ...
+
+
 class Adapter(Protocol):
     name: str
     error_style: str  # "openai" | "anthropic" | "plain": the shape of a local error body
@@ -41,9 +53,19 @@ class Adapter(Protocol):
 
     def observer(self, call: Call, status: int, headers: Mapping[str, str]) -> Observer: ...
 
+    def stream_end(self, call: Call, observation: Observation, path: str, now_s: int) -> bytes:
+        """Bytes that end this API's SSE stream cleanly, as if the model had hit its output token
+        limit (a budget cut mid-stream); b"" for an API whose streams ragtoll does not read."""
+        ...
+
 
 class AdapterFactory(Protocol):
-    def __call__(self, upstream: UpstreamConfig) -> Adapter: ...
+    def __call__(self, upstream: UpstreamInfo) -> Adapter: ...
+
+
+def no_stream_end(call: Call, observation: Observation, path: str, now_s: int) -> bytes:
+    """`stream_end` of adapters whose streams ragtoll does not read (nothing is ever cut there)."""
+    return b""
 
 
 class NullObserver:

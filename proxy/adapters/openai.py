@@ -10,10 +10,19 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import UpstreamConfig
+import orjson
+
 from ..core import tokens
 from ..model import Call, Observation, Usage
-from .base import BufferedJsonObserver, JsonStreamObserver, NullObserver, Observer, json_body, safe_parse
+from .base import (
+    BufferedJsonObserver,
+    JsonStreamObserver,
+    NullObserver,
+    Observer,
+    UpstreamInfo,
+    json_body,
+    safe_parse,
+)
 from .fields import as_int, as_str, json_text
 
 _ENDPOINTS = (
@@ -42,7 +51,7 @@ class OpenAIAdapter:
     error_style = "openai"
     reads_body = True
 
-    def __init__(self, upstream: UpstreamConfig) -> None:
+    def __init__(self, upstream: UpstreamInfo) -> None:
         self.upstream = upstream
 
     def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call:
@@ -68,6 +77,27 @@ class OpenAIAdapter:
         # one observer each for streamed and whole bodies: chat, completions and Responses bodies
         # are told apart by their own shape, so no endpoint flag has to travel on the Call
         return ChatStreamObserver(enc) if stream else ChatObserver(enc)
+
+    def stream_end(self, call: Call, observation: Observation, path: str, now_s: int) -> bytes:
+        """A Responses stream ends with `response.incomplete` (reason max_output_tokens) repeating the
+        response's id; chat and legacy completions with a last chunk whose finish_reason is `length`,
+        then `[DONE]`."""
+        model = observation.response_model or call.model or ""
+        if path.endswith("/responses"):
+            response = {"id": observation.response_id or "resp_ragtoll_budget", "object": "response",
+                        "created_at": now_s, "model": model, "status": "incomplete",
+                        "incomplete_details": {"reason": "max_output_tokens"}, "parallel_tool_calls": True,
+                        "tool_choice": "auto", "tools": [], "error": None}
+            # no `output`: the SDK's stream accumulator then fills in the items that did stream
+            event = {"type": "response.incomplete", "sequence_number": 1_000_000, "response": response}
+            return b"event: response.incomplete\ndata: " + orjson.dumps(event) + b"\n\n"
+        if path.endswith("/completions") and not path.endswith("/chat/completions"):
+            chunk = {"id": "cmpl-ragtoll-budget", "object": "text_completion", "created": now_s, "model": model,
+                     "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]}
+        else:
+            chunk = {"id": "chatcmpl-ragtoll-budget", "object": "chat.completion.chunk", "created": now_s,
+                     "model": model, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+        return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
 
 
 def _common(doc: dict[str, Any], call: Call) -> None:
@@ -220,6 +250,7 @@ def usage(u: Any) -> Usage | None:
 
 def _read_response(obs: Observation, r: Any) -> None:
     obs.response_model = as_str(r.get("model")) or obs.response_model
+    obs.response_id = obs.response_id or as_str(r.get("id"))
     if r.get("usage"):
         obs.usage = usage(r["usage"])
     status = r.get("status")

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..config import UpstreamConfig
 from ..model import Call
-from .base import NullObserver
+from .base import NullObserver, UpstreamInfo, no_stream_end
 
 _OPERATION = {"llm": "chat", "embeddings": "embeddings", "retrieval": "retrieval", "rerank": "rerank"}
 
@@ -15,8 +14,9 @@ class PassthroughAdapter:
     name = "passthrough"
     error_style = "plain"
     reads_body = False
+    stream_end = staticmethod(no_stream_end)
 
-    def __init__(self, upstream: UpstreamConfig) -> None:
+    def __init__(self, upstream: UpstreamInfo) -> None:
         self._operation = _OPERATION.get(upstream.kind, "other")
 
     def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call:

@@ -11,9 +11,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..config import UpstreamConfig
 from ..model import Call, Chunk
-from .base import BufferedJsonObserver, NullObserver, Observer, json_body, safe_parse
+from .base import (
+    BufferedJsonObserver,
+    NullObserver,
+    Observer,
+    UpstreamInfo,
+    json_body,
+    no_stream_end,
+    safe_parse,
+)
 from .fields import as_float, as_int, as_str, json_text
 
 
@@ -29,11 +36,12 @@ def _doc_text(d: Any) -> str:
 class _RerankAdapter:
     error_style = "plain"
     reads_body = True
+    stream_end = staticmethod(no_stream_end)
     texts_key = "documents"  # request: the candidate list
     results_key = "results"  # response: the ranked list ("" = the body itself)
     score_key = "relevance_score"
 
-    def __init__(self, upstream: UpstreamConfig) -> None:
+    def __init__(self, upstream: UpstreamInfo) -> None:
         self.upstream = upstream
 
     def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call:

@@ -11,11 +11,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from ..config import UpstreamConfig
 from ..core import queries
 from ..core.evidence_track import chunk_key
 from ..model import Call, Chunk
-from .base import BufferedJsonObserver, NullObserver, Observer, json_body, safe_parse
+from .base import (
+    BufferedJsonObserver,
+    NullObserver,
+    Observer,
+    UpstreamInfo,
+    json_body,
+    no_stream_end,
+    safe_parse,
+)
 from .fields import as_acl, as_float, as_id, as_int, as_str, as_vector, get_path
 
 FIELD_KEYS = frozenset({"query", "vector", "filters", "top_k", "results", "id", "text", "score", "source", "acl",
@@ -26,12 +33,13 @@ class JsonRetrievalAdapter:
     name = "json"
     error_style = "plain"
     reads_body = True
+    stream_end = staticmethod(no_stream_end)
     field_keys: ClassVar[frozenset[str]] = FIELD_KEYS  # config validation rejects other `fields:` keys
     defaults: ClassVar[Mapping[str, str]] = {"query": "query", "vector": "vector", "filters": "filter", "top_k": "top_k",
                                    "results": "results", "id": "id", "text": "text", "score": "score",
                                    "source": "source"}
 
-    def __init__(self, upstream: UpstreamConfig) -> None:
+    def __init__(self, upstream: UpstreamInfo) -> None:
         self.upstream = upstream
         # `fields` keys outside FIELD_KEYS are ignored here; config validation may reject them
         self.fields: dict[str, str] = {**self.defaults, **upstream.fields}

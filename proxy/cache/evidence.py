@@ -62,6 +62,19 @@ class Lookup:
         return self.entry is not None
 
 
+@dataclass(slots=True)
+class Filing:
+    """A miss's answer on its way into the cache: the decoded body as it streams past (up to the
+    cache's size bound), filed when the call ends well. `key` is set for the exact caches
+    (embeddings, rerank): (partition key, body key)."""
+
+    lookup: Lookup | None
+    key: tuple[str, str] | None = None
+    parts: list[bytes] = field(default_factory=list)
+    size: int = 0
+    too_big: bool = False
+
+
 def private_key(qkey: str, owner: str) -> str:
     return f"{qkey}.{owner[:32]}"
 

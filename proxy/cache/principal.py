@@ -18,6 +18,7 @@ import xxhash
 
 from ..config import IdentityConfig
 from ..errors import ConfigError
+from ..secrets import jwt_secret
 
 ASYMMETRIC = frozenset({"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512", "EdDSA"})
 SYMMETRIC = frozenset({"HS256", "HS384", "HS512"})
@@ -71,7 +72,7 @@ class PrincipalResolver:
             raise ConfigError("Config 'identity.jwt.algorithms' mixes HMAC and public-key algorithms. "
                               "Expected one family.", key="identity.jwt.algorithms")
         if algs & SYMMETRIC:
-            secret = env.get(config.jwt.secret_env, "")
+            secret = (jwt_secret(env, config.jwt.secret_env) or b"").decode("utf-8", "replace")
             if len(secret.encode()) < 32:  # RFC 7518 3.2: at least the hash size
                 raise ConfigError(f"Config 'identity.jwt.secret_env' names {config.jwt.secret_env}, which must hold "
                                   "a secret of at least 32 bytes.", key="identity.jwt.secret_env")

@@ -13,9 +13,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster
 
+from ..stores.redis import connect
 from .entry import Entry
 
 VERSION_TTL_S = 30 * 24 * 3600
@@ -43,13 +42,6 @@ def _audit(scope: str) -> str:
     return f"ragtoll:{{a:{scope}}}:audit"  # the audit scope's hash (its raised threshold)
 
 
-def make_client(url: str, timeout_s: float = 0.25) -> Any:
-    common: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
-    if url.startswith("redis+cluster://"):
-        return RedisCluster.from_url("redis://" + url[len("redis+cluster://"):], **common)
-    return aioredis.Redis.from_url(url, **common)
-
-
 class RedisEvidenceStore:
     shared = True  # other replicas write here too: lexical indexes sync through `recent`
 
@@ -60,7 +52,7 @@ class RedisEvidenceStore:
 
     @classmethod
     def from_url(cls, url: str, max_partition_entries: int = 5_000, timeout_s: float = 0.25) -> RedisEvidenceStore:
-        return cls(make_client(url, timeout_s), max_partition_entries)
+        return cls(connect(url, timeout_s=timeout_s), max_partition_entries)
 
     async def get(self, pkey: str, qkey: str) -> Entry | None:
         e, _, _ = _keys(pkey)

@@ -1,5 +1,5 @@
-"""Budget arithmetic (pure): limits, what a call charges, the admit rule, profile selection, headers,
-and the bytes that end a stream cut short.
+"""Budget arithmetic (pure): limits, what a call charges, the admit rule, profile selection, the
+remaining-budget headers, and the per-call `Ticket` the budget stage keeps.
 
 Everything here is a plain function of its inputs (clock values are passed in), so the memory
 store, the Redis Lua script and the tests share one definition of "a limit of N admits N".
@@ -13,8 +13,6 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-
-import orjson
 
 from ..config import DIMENSIONS, BudgetsConfig, Profile
 
@@ -342,27 +340,26 @@ def first_query(prompt_texts: list[str], query: str | None, user_text: str | Non
 # --- ending a stream that ran out -------------------------------------------------------------------
 
 
-def stream_end(style: str, model: str | None, seen: int, path: str = "/chat/completions",
-               response_id: str | None = None, now_s: int = 0) -> bytes:
-    """Bytes that end an SSE stream cleanly, as if the model had hit its output token limit, in
-    the stream's own dialect: Anthropic Messages, OpenAI Responses, legacy completions or chat."""
-    now = now_s
-    if style == "anthropic":
-        delta = {"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": None},
-                 "usage": {"output_tokens": seen}}
-        return (b"event: message_delta\ndata: " + orjson.dumps(delta) + b"\n\n"
-                b"event: message_stop\ndata: " + orjson.dumps({"type": "message_stop"}) + b"\n\n")
-    if path.endswith("/responses"):
-        response = {"id": response_id or "resp_ragtoll_budget", "object": "response", "created_at": now, "model": model or "",
-                    "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
-                    "parallel_tool_calls": True, "tool_choice": "auto", "tools": [], "error": None}
-        # no `output`: the SDK's stream accumulator then fills in the items that did stream
-        event = {"type": "response.incomplete", "sequence_number": 1_000_000, "response": response}
-        return b"event: response.incomplete\ndata: " + orjson.dumps(event) + b"\n\n"
-    if path.endswith("/completions") and not path.endswith("/chat/completions"):
-        chunk = {"id": "cmpl-ragtoll-budget", "object": "text_completion", "created": now, "model": model or "",
-                 "choices": [{"index": 0, "text": "", "logprobs": None, "finish_reason": "length"}]}
-    else:
-        chunk = {"id": "chatcmpl-ragtoll-budget", "object": "chat.completion.chunk", "created": now,
-                 "model": model or "", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
-    return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
+@dataclass(slots=True)
+class Ticket:
+    """What the budget reserved for one call, for the stream cut and the settle after.
+    Allowances in internal units; None = no cut on that dimension."""
+
+    admitted: bool
+    charge: Charge
+    reservation: Reservation
+    limits: dict[str, int]
+    profile: str
+    shadow: bool
+    token_allowance: int | None = None
+    cost_allowance: int | None = None  # nano-USD left for this call's output tokens
+    out_price_nusd: float = 0.0  # per output token
+    deadline_ms: int | None = None
+    tail_clean: bool = True  # the bytes sent so far end on an SSE event boundary
+    dimension: str | None = None  # the limit that refused (enforce) or would have refused (shadow) the call
+    cost_usd: float | None = None  # settled cost, set in on_end (for metrics)
+    cut: str | None = None
+    settled: bool = False  # settle ran (early, in on_response, or in on_end)
+    annotate: Callable[[], None] | None = None  # the reservation's span record, run before settle or at on_end
+    seen_chunks: frozenset[str] | None = None  # retrievals: the task's chunk ids when the call was admitted
+    new_chunks: int | None = None  # retrievals read whole: chunks of the answer new to the task

@@ -1,7 +1,7 @@
 """Budget baggage: unsigned limits that may only lower, HMAC-SHA256 signed limits that may raise.
 
 Pure core (`sign_budget`, `verify_budget_baggage`, `requested_limits`) works on the decoded W3C
-baggage members; `load_key` is the only function that touches the environment or a file.
+baggage members. Pure: the key is given (ragtoll.proxy.secrets reads it).
 Nothing here raises for bad baggage: it is ignored and explained in the returned notes.
 """
 
@@ -15,7 +15,6 @@ import re
 from collections.abc import Mapping
 
 from ..config import DIMENSIONS
-from ..errors import ConfigError
 
 PREFIX = "ragtoll.budget."
 SIG_KEY = PREFIX + "sig"
@@ -111,34 +110,6 @@ def requested_limits(members: Mapping[str, str]) -> tuple[dict[str, float], list
         else:
             limits[dimension] = value
     return limits, notes
-
-
-def load_key(env_name: str | None, file_path: str | None, env: Mapping[str, str]) -> bytes | None:
-    """The operator's HMAC key: the file when `file_path` is set (it wins), else `env[env_name]`.
-
-    Surrounding whitespace is stripped (secret files usually end in a newline). None when neither
-    is set: signed raises are then ignored, with a note. Raises ConfigError for an unreadable file
-    or a key shorter than MIN_KEY_BYTES, so a weak key fails at startup, not silently.
-    """
-    source: str
-    if file_path:
-        source = f"budgets.hmac_key_file {file_path!r}"
-        try:
-            with open(file_path, "rb") as fh:
-                key = fh.read().strip()
-        except OSError as exc:
-            raise ConfigError(f"Config {source} cannot be read: {exc.strerror or exc}.") from exc
-    elif env_name and env.get(env_name):
-        source = f"environment variable {env_name}"
-        key = env[env_name].strip().encode("utf-8")
-    else:
-        return None
-    if len(key) < MIN_KEY_BYTES:
-        raise ConfigError(
-            f"Config {source} holds a {len(key)}-byte HMAC key; use at least {MIN_KEY_BYTES} random "
-            "bytes (e.g. `openssl rand -base64 32`)."
-        )
-    return key
 
 
 def _verify(

@@ -3,95 +3,50 @@
 Guarantees: one store round trip before forwarding (reserve) and one after (settle, in `on_end`,
 only for admitted calls); a refused call never reaches the upstream and raises `BudgetExceeded`
 (the pipeline renders it with `x-should-retry: false`); every response carries
-`x-ragtoll-budget-remaining`. Store calls are bounded by `store_timeout_ms`; a failing store
-forwards and marks the call degraded (`on_store_error: open`) or answers 503 (`closed`), per
-failure domain (`Store.failure_domain`: on Redis Cluster, the node that owns the task's slot).
+`x-ragtoll-budget-remaining`. A local answer another stage proposed (a cache hit) is charged as
+a call. Store calls go through `stores.breaker.Breaker` (bounded by `store_timeout_ms`, skipped for
+a moment per failure domain after a failure); a failing store forwards and marks the call
+degraded (`on_store_error: open`) or answers 503 (`closed`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import os
-import re
 import time
-from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from ragtoll.instrumentation import semconv as sc
 
 from ..config import Profile, Settings, Timeouts
 from ..core import budget as bm
-from ..core.budget import Actual, Charge, Ledger, Reservation, Selection
+from ..core.budget import Actual, Charge, Ledger, Selection, Ticket
 from ..core.classifier import classify as _classify
-from ..core.evidence_track import evidence_header
 from ..core.pricing import Prices, Quote, allowed_output
-from ..core.signing import load_key, verify_budget_baggage
+from ..core.profiles import Profiles
+from ..core.signing import verify_budget_baggage
 from ..errors import BudgetExceeded, StoreUnavailable
-from ..request.pipeline import Exchange, Reply
+from ..request.exchange import Exchange, Reply, Stage
 from ..stores.base import Decision, Store, TaskMeta
+from ..stores.breaker import Breaker
 
 REMAINING_HEADER = b"x-ragtoll-budget-remaining"
-EVIDENCE_HEADER = b"x-ragtoll-evidence"
-OUTCOME_BAGGAGE = "ragtoll.outcome"
-_VERDICTS = {"correct": True, "true": True, "incorrect": False, "false": False}
 WARNING_HEADER = b"x-ragtoll-budget-warning"
 WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
-MAX_CACHED_PROFILES = 100_000
-# After a store failure, calls whose task lives in the same failure domain (on Redis Cluster: the
-# same node) skip the store for this long (open: forward at once; closed: 503 at once) instead of
-# each waiting out store_timeout_ms against a store that is down. Other domains are unaffected.
-STORE_RETRY_MS = 1000
-MAX_DOWN_DOMAINS = 1024  # domains remembered as down: a cluster's nodes (or slots, before its map is known)
-_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,200})"')  # the first id after "response.created"
 
 
-@dataclass(slots=True)
-class Ticket:
-    """What on_request reserved, for on_chunk and on_end. Allowances in internal units, None = no cut."""
-
-    admitted: bool
-    charge: Charge
-    reservation: Reservation
-    limits: dict[str, int]
-    profile: str
-    shadow: bool
-    token_allowance: int | None = None
-    cost_allowance: int | None = None  # nano-USD left for this call's output tokens
-    out_price_nusd: float = 0.0  # per output token
-    deadline_ms: int | None = None
-    tail_clean: bool = True  # the bytes sent so far end on an SSE event boundary
-    response_id: str | None = None  # Responses API streams: the id the closing event must repeat
-    dimension: str | None = None  # the limit that refused (enforce) or would have refused (shadow) the call
-    cost_usd: float | None = None  # settled cost, set in on_end (for metrics)
-    cut: str | None = None
-    settled: bool = False  # settle ran (early, in on_response, or in on_end)
-    annotate: Callable[[], None] | None = None  # the reservation's span record, run before settle or at on_end
-    seen_chunks: frozenset[str] | None = None  # retrievals: the task's chunk ids when the call was admitted
-
-
-class BudgetStage:
-    def __init__(self, settings: Settings, store: Store, *, meter: Any = None,
-                 env: Mapping[str, str] | None = None, wall_ms: Callable[[], int] | None = None,
+class BudgetStage(Stage):
+    def __init__(self, settings: Settings, store: Store, *, hmac_key: bytes | None,
+                 wall_ms: Callable[[], int] | None = None,
                  classify: Callable[[str], tuple[str, str]] | None = None) -> None:
-        # `meter` is accepted but unused: budget metrics (rejections by dimension, settled cost) are
-        # recorded by instrumentation.metrics from `ex.state["budget"]` (Ticket) with the call's others.
+        """`hmac_key`: the operator's key for signed budget baggage (secrets.hmac_key), or None."""
         self.settings = settings
         self.cfg = settings.budgets
-        self.store = store
-        self.timeout = settings.store_timeout_ms / 1000
-        self.prices: Prices | None = Prices.from_settings(settings)
-        self.classify = classify or _classify
-        # set by the app to TaskEnder.record_outcome: where baggage verdicts go
-        self.on_outcome: Callable[[str, bool], Awaitable[object]] | None = None
-        env = os.environ if env is None else env
-        # a weak or unreadable key is a ConfigError at startup, not a silent "ignore every raise"
-        self.hmac_key = load_key(self.cfg.hmac_key_env, self.cfg.hmac_key_file, env)
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
-        self._profiles: OrderedDict[str, Selection] = OrderedDict()
-        self._down_until: dict[str, int] = {}  # failure domain -> wall ms until which its store is skipped
+        self.store = Breaker(store, settings.store_timeout_ms / 1000, self._wall_ms)
+        self.prices: Prices | None = Prices.from_settings(settings)
+        self.profiles = Profiles(self.cfg, classify or _classify)
+        self.hmac_key = hmac_key
         self._units: dict[str, dict[str, int]] = {}  # profile -> its limits in internal units
 
     # --- before forwarding ------------------------------------------------------------------------
@@ -99,36 +54,33 @@ class BudgetStage:
     async def on_request(self, ex: Exchange) -> Reply | None:
         if ex.task is None:
             return None
-        hit = ex.state.get("cache_hit")
+        local = ex.proposal is not None  # answered here (a cache hit): charged as a call
         baggage = dict(ex.task.baggage)
         task_id = ex.task.id
-        sel = self._selection(ex, baggage)
+        call = ex.call
+        sel = self.profiles.choose(task_id, ex.route.upstream.name, ex.headers, baggage, call.prompt_texts,
+                                   call.query, call.user_text)
         # one price quote per call (cost is linear in output): the charge and the stream allowance
-        quote = self.prices.quote(ex.route.upstream, ex.call) if self.prices is not None and hit is None else None
-        charge = self._charge(ex, hit is not None, quote)
+        quote = self.prices.quote(ex.route.upstream, call) if self.prices is not None and not local else None
+        charge = self._charge(ex, local, quote)
         now = self._wall_ms()
-        domain = self.store.failure_domain(task_id)
-        if now < self._down_until.get(domain, 0):
-            skipped = StoreUnavailable(f"the store ({domain}) failed moments ago; not retried yet")
-            return self._store_failed(ex, skipped, hit)
         try:
-            async with asyncio.timeout(self.timeout):
+            limits, notes = self._limits(sel.profile, baggage, task_id, now)
+            decision = await self._reserve(ex, sel, limits, charge, now)
+            if decision.profile_conflict:  # another replica chose first: the task keeps its profile
+                sel = Selection(decision.profile_conflict, "task")
+                self.profiles.remember(task_id, sel)
                 limits, notes = self._limits(sel.profile, baggage, task_id, now)
                 decision = await self._reserve(ex, sel, limits, charge, now)
-                if decision.profile_conflict:  # another replica chose first: the task keeps its profile
-                    sel = Selection(decision.profile_conflict, "task")
-                    self._remember(task_id, sel)
-                    limits, notes = self._limits(sel.profile, baggage, task_id, now)
-                    decision = await self._reserve(ex, sel, limits, charge, now)
         except Exception as exc:  # noqa: BLE001 - any store failure: open or closed, never hang
-            self._mark_down(domain)
-            return self._store_failed(ex, exc, hit)
+            self._store_failed(ex, exc)
+            return None
         if decision.profile_conflict:
-            return self._store_failed(ex, RuntimeError("profile conflict did not resolve"), hit)
+            self._store_failed(ex, RuntimeError("profile conflict did not resolve"))
+            return None
         shadow = self._shadow(sel.profile)
-        ticket = Ticket(decision.admitted, charge, decision.reservation, limits, sel.profile, shadow,
-                        dimension=decision.dimension, seen_chunks=decision.seen_chunks)
-        ex.state["budget"] = ticket
+        ticket = ex.ticket = Ticket(decision.admitted, charge, decision.reservation, limits, sel.profile, shadow,
+                                    dimension=decision.dimension, seen_chunks=decision.seen_chunks)
         left, warn = self._headers(ex, ticket, decision, charge, now)
         if not decision.admitted:
             self._annotate(ex, sel, notes, decision, charge, now, left, warn, time.time_ns())
@@ -138,41 +90,10 @@ class BudgetStage:
         ticket.annotate = functools.partial(self._annotate, ex, sel, notes, decision, charge, now, left, warn,
                                             time.time_ns())
         self._prepare_stream(ex, ticket, decision.ledger, now, quote)
-        return hit.reply if hit is not None else None
+        return None
 
-    def _mark_down(self, domain: str) -> None:
-        """Skip `domain`'s store for STORE_RETRY_MS. Bounded: expired windows go first, then the oldest."""
-        now = self._wall_ms()
-        down = self._down_until
-        down.pop(domain, None)  # re-inserted last: the dict stays in order of marking
-        if len(down) >= MAX_DOWN_DOMAINS:
-            for d in [d for d, until in down.items() if until <= now]:
-                del down[d]
-            while len(down) >= MAX_DOWN_DOMAINS:
-                del down[next(iter(down))]
-        down[domain] = now + STORE_RETRY_MS
-
-    def _selection(self, ex: Exchange, baggage: dict[str, str]) -> Selection:
-        task_id = ex.task.id  # type: ignore[union-attr]
-        sel = self._profiles.get(task_id)
-        if sel is None or (baggage.get(bm.BAGGAGE_PROFILE) not in (None, sel.profile) and sel.source != "task"):
-            call = ex.call
-            classify = self.classify if self.cfg.classes else None
-            sel = bm.select_profile(self.cfg, ex.route.upstream.name, ex.headers, baggage,
-                                    bm.first_query(call.prompt_texts, call.query, call.user_text), classify)
-            self._remember(task_id, sel)
-        else:
-            self._profiles.move_to_end(task_id)
-        return sel
-
-    def forget(self, record: Mapping[str, Any]) -> None:
-        """A task ended (TaskEnder listener): its profile choice is no longer needed here."""
-        self._profiles.pop(str(record.get("task_id")), None)
-
-    def _remember(self, task_id: str, sel: Selection) -> None:
-        self._profiles[task_id] = sel
-        while len(self._profiles) > MAX_CACHED_PROFILES:
-            self._profiles.popitem(last=False)
+    def on_task_end(self, task_id: str) -> None:
+        self.profiles.forget(task_id)
 
     def _limits(self, profile: str, baggage: dict[str, str], task_id: str, now_ms: int) -> tuple[dict[str, int], list[str]]:
         """The call's limits in internal units (never mutated by callers) and notes on its baggage."""
@@ -216,7 +137,8 @@ class BudgetStage:
                              default_max_output_tokens=self.cfg.default_max_output_tokens * max(1, call.choices),
                              cost_certain_usd=certain, cost_reserve_usd=reserve, query_key=key, cache_hit=cache_hit)
 
-    def _store_failed(self, ex: Exchange, exc: BaseException, hit: Any) -> Reply | None:
+    def _store_failed(self, ex: Exchange, exc: BaseException) -> None:
+        """Open: the call goes on without a budget (the span and metrics say so). Closed: 503."""
         reason = f"budget store failed: {type(exc).__name__}: {str(exc)[:200]}"
         if ex.span is not None:
             ex.span.set_attribute(sc.DEGRADED, True)
@@ -226,8 +148,7 @@ class BudgetStage:
                 "the budget store did not answer in time and on_store_error is closed; the call was not forwarded",
                 store=_safe_store_name(self.settings.store),
             ) from exc
-        ex.state["budget_degraded"] = reason
-        return hit.reply if hit is not None else None
+        ex.degraded = reason
 
     def _headers(self, ex: Exchange, ticket: Ticket, d: Decision, charge: Charge,
                  now: int) -> tuple[dict[str, Any], dict[str, float]]:
@@ -251,7 +172,8 @@ class BudgetStage:
     def _annotate(self, ex: Exchange, sel: Selection, notes: list[str], d: Decision, charge: Charge, now: int,
                   left: dict[str, Any], warn: dict[str, float], at_ns: int) -> None:
         """The reservation on the call span: profile, limit/used/remaining per dimension, events at `at_ns`."""
-        ticket: Ticket = ex.state["budget"]
+        ticket = ex.ticket
+        assert ticket is not None
         ledger = d.ledger
         charged = charge if d.admitted else None
         span = ex.span
@@ -292,7 +214,8 @@ class BudgetStage:
                 "mode": "shadow" if ticket.shadow else "enforce", "would_reject": ticket.shadow})
 
     def _exceeded(self, ex: Exchange, d: Decision, charge: Charge, now: int) -> BudgetExceeded:
-        ticket: Ticket = ex.state["budget"]
+        ticket = ex.ticket
+        assert ticket is not None
         dim = d.dimension or "unknown"
         limit_u = ticket.limits.get(dim, 0)
         limit = bm.usd(limit_u) if dim == "max_cost_usd" else limit_u
@@ -331,7 +254,7 @@ class BudgetStage:
     # --- while streaming ----------------------------------------------------------------------------
 
     def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None:
-        ticket: Ticket | None = ex.state.get("budget")
+        ticket = ex.ticket
         if ticket is None or not ticket.admitted or not ex.call.stream or ticket.cut:
             return None
         seen = ex.observation.output_tokens_seen
@@ -342,9 +265,6 @@ class BudgetStage:
             dim = "max_cost_usd"
         elif ticket.deadline_ms is not None and self._wall_ms() >= ticket.deadline_ms:
             dim = "max_latency_ms"
-        if ticket.response_id is None and b'"response.created"' in chunk:
-            m = _RESPONSE_ID.search(chunk, chunk.find(b'"response.created"'))
-            ticket.response_id = m.group(1).decode("utf-8", "replace") if m else None
         if dim is None:
             ticket.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and ticket.tail_clean)
             return None
@@ -368,58 +288,35 @@ class BudgetStage:
             if crlf >= 0 and (end < 0 or crlf < end):
                 end, width = crlf, 4
             prefix = chunk[: end + width] if end >= 0 else b"\n\n"
-        model = ex.observation.response_model or ex.call.model
-        return prefix + bm.stream_end(ex.route.adapter.error_style, model, seen, ex.target.split("?", 1)[0],
-                                      ticket.response_id, self._wall_ms() // 1000)
+        return prefix + ex.route.adapter.stream_end(ex.call, ex.observation, ex.target.split("?", 1)[0],
+                                                    self._wall_ms() // 1000)
 
     # --- after the response ------------------------------------------------------------------------
 
     async def on_response(self, ex: Exchange) -> None:
-        """A small retrieval answer was read whole: before its headers go out, count how many of
-        its chunks are new to the task (`x-ragtoll-evidence`). New means not among the chunks the
-        task had when this call was admitted (the reservation brought them: no store round trip;
-        the settle follows the body). A task past SEEN_CHUNKS_CAP chunks settles here instead."""
-        ticket: Ticket | None = ex.state.get("budget")
+        """A small retrieval answer was read whole, before its head goes out: how many of its chunks
+        are new to the task (`ticket.new_chunks`, which the evidence stage describes). New means not
+        among the chunks the task had when this call was admitted (the reservation brought them: no
+        store round trip; the settle follows the body). A task past SEEN_CHUNKS_CAP settles here."""
+        ticket = ex.ticket
         chunks = ex.observation.chunks
         if ticket is None or not ticket.admitted or ex.task is None or chunks is None:
             return
         seen = ticket.seen_chunks
         if seen is not None:
-            new = len({c.id for c in chunks if c.id and c.id not in seen})
+            ticket.new_chunks = len({c.id for c in chunks if c.id and c.id not in seen})
         else:
             ledger = await self._settle(ex, ticket)
-            if ledger is None:
-                return
-            new = ledger.used("last_new")
-        ex.response_headers.append((EVIDENCE_HEADER, evidence_header(chunks, new).encode()))
+            if ledger is not None:
+                ticket.new_chunks = ledger.used("last_new")
 
     async def on_end(self, ex: Exchange) -> None:
-        await self._baggage_outcome(ex)
-        ticket: Ticket | None = ex.state.get("budget")
+        ticket = ex.ticket
         if ticket is not None:
             self._flush_annotation(ticket)
         if ticket is None or not ticket.admitted or ex.task is None or ticket.settled:
             return
         await self._settle(ex, ticket)
-
-    async def _baggage_outcome(self, ex: Exchange) -> None:
-        """Baggage `ragtoll.outcome=correct|incorrect` records a verdict on the task, as
-        `POST /admin/tasks/{id}/outcome` does; anything else is noted and ignored."""
-        raw = dict(ex.task.baggage).get(OUTCOME_BAGGAGE) if ex.task is not None else None
-        if raw is None or self.on_outcome is None or ex.task is None:
-            return
-        verdict = _VERDICTS.get(raw.strip().lower())
-        if verdict is None:
-            if ex.span is not None:
-                note = f"baggage {OUTCOME_BAGGAGE}={raw[:32]!r} ignored: expected correct or incorrect"
-                ex.span.set_attribute(sc.BUDGET_NOTES, [note])
-            return
-        try:
-            async with asyncio.timeout(self.timeout):
-                await self.on_outcome(ex.task.id, verdict)
-        except Exception as exc:  # noqa: BLE001 - a verdict that cannot be written never fails the call
-            if ex.span is not None:
-                ex.span.add_event(sc.EVENT_DEGRADED, {"reason": f"outcome not recorded: {type(exc).__name__}"})
 
     async def _settle(self, ex: Exchange, ticket: Ticket) -> Ledger | None:
         """Replace the reservation with the call's actual use, once; record it on the span."""
@@ -428,8 +325,7 @@ class BudgetStage:
         ticket.settled = True
         actual = self._actual(ex, ticket)
         try:
-            async with asyncio.timeout(self.timeout):
-                ledger = await self.store.settle(ex.task.id, ticket.reservation, actual, self._wall_ms())
+            ledger = await self.store.settle(ex.task.id, ticket.reservation, actual, self._wall_ms())
         except Exception as exc:  # noqa: BLE001 - the response is (being) sent; record, never fail
             if ex.span is not None:
                 ex.span.set_attribute(sc.DEGRADED, True)

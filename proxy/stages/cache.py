@@ -1,19 +1,18 @@
-"""Evidence stage: serves ACL-checked cached evidence for retrieval calls, exact caches for embeddings/rerank.
+"""Cache stage: ACL-checked cached evidence for retrieval calls, exact caches for embeddings/rerank.
 
-Runs before the budget stage. On a servable hit it does not reply itself: it sets
-`ex.state["cache_hit"]` (a `CacheHit` with `.reply`, `.tier`, `.similarity`) and the budget stage
-charges it as a call and returns the reply (`serve_hits=True` replies here, for a pipeline without
-one). On a miss, `on_end` files the evidence (status 200, body complete, chunks parsed) with ACLs
-and the source version. Cache trouble never fails a call: it is recorded and the call goes upstream.
+First in the stage list. On a servable hit it *proposes* the cached answer (`ex.proposal`); the
+stages after it charge it (budget) or veto it, and the pipeline answers with it if it stands. On a
+miss, `on_end` files the evidence (status 200, body complete, chunks parsed) with ACLs and the
+source version. Cache trouble never fails a call: it is recorded and the call goes upstream. The
+store and the upstream client are the app's (made once in its lifespan).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -26,14 +25,14 @@ from ..cache import acl
 from ..cache.audit import Auditor, compare
 from ..cache.embedders import Embedder, make_embedder
 from ..cache.entry import Entry, EvidenceStore
-from ..cache.evidence import EvidenceCache, Lookup, Query
+from ..cache.evidence import EvidenceCache, Filing, Lookup, Query
 from ..cache.partition import Partition, exact_key
 from ..cache.principal import Principal, PrincipalResolver
-from ..cache.store_memory import MemoryEvidenceStore
 from ..cache.versions import Versions
 from ..config import Settings, Timeouts, UpstreamConfig
 from ..errors import ConfigError
-from ..request.pipeline import Exchange, Reply, upstream_headers
+from ..request.exchange import CacheOutcome, Exchange, Reply, Stage
+from ..request.forward import upstream_headers
 from ..request.upstream import UpstreamClient
 
 CACHE_HEADER = b"x-ragtoll-cache"
@@ -48,36 +47,18 @@ class CacheHit:
     entry: Entry
 
 
-@dataclass(slots=True)
-class _Pending:
-    lookup: Lookup | None
-    key: tuple[str, str] | None = None  # exact caches: (partition key, body key)
-    parts: list[bytes] = field(default_factory=list)
-    size: int = 0
-    too_big: bool = False
-
-
-class EvidenceStage:
-    def __init__(self, settings: Settings, *, store: EvidenceStore | None = None, embedder: Embedder | None = None,
-                 client: UpstreamClient | None = None, tracer_provider: Any = None, meter_provider: Any = None,
-                 env: Mapping[str, str] | None = None, serve_hits: bool = False) -> None:
+class CacheStage(Stage):
+    def __init__(self, settings: Settings, *, store: EvidenceStore, client: UpstreamClient,
+                 resolver: PrincipalResolver, embedder: Embedder | None = None, tracer_provider: Any = None,
+                 meter_provider: Any = None) -> None:
+        """`store`, `client`, `resolver` (who the caller is): the app's, made once."""
         cfg = settings.cache
         _validate(settings)
         self.settings = settings
         self.cfg = cfg
-        self.serve_hits = serve_hits
         self._client = client
-        self._owns_client = client is None
         self._upstreams = {u.name: u for u in settings.upstreams}
-        self.resolver = PrincipalResolver(settings.identity, os.environ if env is None else env)
-        if store is None:
-            if settings.store == "memory":
-                store = MemoryEvidenceStore(cfg.max_entries, cfg.max_bytes, cfg.max_partition_entries)
-            else:
-                from ..cache.store_redis import RedisEvidenceStore
-
-                store = RedisEvidenceStore.from_url(settings.store, cfg.max_partition_entries,
-                                                    settings.store_timeout_ms / 1000)
+        self.resolver = resolver
         self.store = store
         if embedder is None:
             embedder = make_embedder(cfg.embedder, self._post_embeddings, cfg.embedder_model)
@@ -107,11 +88,9 @@ class EvidenceStage:
         await self.cache.versions.set(name, version)
 
     async def aclose(self) -> None:
+        """Stop the audits still running (the store and the client are the app's to close)."""
         for task in list(self._background):
             task.cancel()
-        if self._owns_client and self._client is not None:
-            await self._client.aclose()
-        await self.store.aclose()
 
     # --- phases -----------------------------------------------------------------------------------
 
@@ -138,15 +117,15 @@ class EvidenceStage:
             self._bypass(ex, "store_error")
             return None
         if hit is not None:
-            ex.state["cache_hit"] = hit
-            return hit.reply if self.serve_hits else None
+            ex.proposal = hit.reply
+            return None
         if pending is not None and "no-store" not in control:
-            ex.state["evidence"] = pending
+            ex.filing = pending
             self.pending_filings += 1
         return None
 
     def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None:
-        pending: _Pending | None = ex.state.get("evidence")
+        pending = ex.filing
         if pending is not None and not pending.too_big:
             pending.size += len(chunk)
             if pending.size > self.cfg.max_body_bytes:
@@ -156,11 +135,11 @@ class EvidenceStage:
         return None
 
     async def on_end(self, ex: Exchange) -> None:
-        pending: _Pending | None = ex.state.pop("evidence", None)
+        pending, ex.filing = ex.filing, None
         if pending is None:
             return
         try:
-            if pending.too_big or ex.status != 200 or ex.outcome != "ok" or not ex.state.get("complete"):
+            if pending.too_big or ex.status != 200 or ex.outcome != "ok" or not ex.complete:
                 return
             body = b"".join(pending.parts)
             if pending.key is not None:
@@ -177,7 +156,7 @@ class EvidenceStage:
     # --- retrieval --------------------------------------------------------------------------------
 
     async def _lookup_retrieval(self, ex: Exchange, principal: Principal,
-                                no_cache: bool) -> tuple[CacheHit | None, _Pending | None]:
+                                no_cache: bool) -> tuple[CacheHit | None, Filing | None]:
         call = ex.call
         if not isinstance(call.query, str) or not call.query.strip() or call.query_vector is not None:
             self._bypass(ex, "no_query")
@@ -189,11 +168,11 @@ class EvidenceStage:
 
             norm = normalize_query(q.text)
             self._bypass(ex, "no-cache")
-            return None, _Pending(Lookup(q, part, norm, exact_key(norm)))
+            return None, Filing(Lookup(q, part, norm, exact_key(norm)))
         lk = await self.cache.lookup(q)
         self._annotate(ex, lk.tier, lk.similarity, lk.reason, lk.seconds, lk.partition)
         if lk.entry is None:
-            return None, _Pending(lk)
+            return None, Filing(lk)
         reply = self._reply(ex.route.upstream, lk.entry, call.top_k, lk.tier or "exact")
         hit = CacheHit(reply, lk.tier or "exact", lk.similarity or 1.0, lk.entry)
         if lk.tier == "semantic" and self.auditor.sample():
@@ -230,7 +209,7 @@ class EvidenceStage:
     # --- embeddings and rerank: exact, keyed by the request body and the caller ------------------
 
     async def _lookup_exact(self, ex: Exchange, principal: Principal,
-                            no_cache: bool) -> tuple[CacheHit | None, _Pending | None]:
+                            no_cache: bool) -> tuple[CacheHit | None, Filing | None]:
         try:
             canon = orjson.dumps(orjson.loads(ex.body or b""), option=orjson.OPT_SORT_KEYS)
         except orjson.JSONDecodeError:
@@ -239,7 +218,7 @@ class EvidenceStage:
         # Keyed by the caller too: a credential the upstream would refuse never gets its answers.
         part = Partition(ex.route.upstream.name, "exact:" + ex.target, b"", principal.key)
         bkey = xxhash.xxh3_128_hexdigest(canon)
-        pending = _Pending(None, (part.key, bkey))
+        pending = Filing(None, (part.key, bkey))
         if no_cache:
             self._bypass(ex, "no-cache")
             return None, pending
@@ -269,12 +248,12 @@ class EvidenceStage:
             attrs[sc.CACHE_THRESHOLD] = self.auditor.threshold(part.source)
         if ex.span is not None:
             ex.span.set_attributes(attrs)
-        ex.state["cache_result"] = result  # counted with the call's other metrics (instrumentation.metrics)
+        ex.cache = CacheOutcome(result, tier, similarity)
 
     def _bypass(self, ex: Exchange, reason: str) -> None:
         if ex.span is not None:
             ex.span.set_attributes({sc.CACHE_RESULT: "bypass", sc.CACHE_HIT: False, sc.CACHE_REASON: reason})
-        ex.state["cache_result"] = "bypass"
+        ex.cache = CacheOutcome("bypass")
 
     # --- self-audit, off the request path ----------------------------------------------------------
 
@@ -310,14 +289,9 @@ class EvidenceStage:
 
     # --- upstream I/O (through ragtoll's own client) ---------------------------------------------
 
-    def _upstream_client(self) -> UpstreamClient:
-        if self._client is None:
-            self._client = UpstreamClient(self.settings.upstreams)
-        return self._client
-
     async def _send(self, upstream: UpstreamConfig, method: str, target: str, headers: list[tuple[bytes, bytes]],
                     body: bytes, timeouts: Timeouts = _SHORT) -> tuple[int, bytes, Mapping[str, str]]:
-        response = await self._upstream_client().send(upstream, method, target, headers, body, timeouts=timeouts)
+        response = await self._client.send(upstream, method, target, headers, body, timeouts=timeouts)
         try:
             parts = [c async for c in response.chunks()]
             return response.status, b"".join(parts), response.headers

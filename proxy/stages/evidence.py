@@ -1,24 +1,25 @@
-"""Context landfill: per LLM call, how many prompt tokens are evidence the task retrieved earlier,
-and how many of those were already sent in an earlier prompt of the task.
+"""Evidence stage: what each call did with evidence. A retrieval answer read whole is described
+to the agent (`x-ragtoll-evidence`: how many chunks came back, how many are new to the task, the top
+score and the margin); on each LLM call, how many prompt tokens are evidence the task retrieved
+earlier, and how many of those were already sent in an earlier prompt (the context landfill).
 
-Process-local (a bounded LRU of recent tasks, each dropped when its task ends), so behind several
-replicas a task's numbers cover the calls this replica saw. Pure bookkeeping in `on_end`; it never
+The landfill count is process-local (a bounded LRU of recent tasks, each dropped when its task
+ends), so behind several replicas a task's numbers cover the calls this replica saw. It never
 answers or fails a call.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ragtoll.instrumentation import semconv as sc
 
 from ..core import tokens
-from ..core.evidence_track import evidence_pieces, measure_prompt
-from ..request.pipeline import Exchange, Reply
+from ..core.evidence_track import evidence_header, evidence_pieces, measure_prompt
+from ..request.exchange import Exchange, Stage
 
+EVIDENCE_HEADER = b"x-ragtoll-evidence"
 MAX_TASKS = 10_000
 MAX_FINGERPRINTS = 20_000  # per task and set: past this the task's oldest evidence is forgotten
 _LLM = frozenset({"chat", "text_completion"})
@@ -30,12 +31,16 @@ class _Seen:
     sent: set[str] = field(default_factory=set)  # of those, the ones already in an earlier prompt
 
 
-class LandfillStage:
+class EvidenceStage(Stage):
     def __init__(self) -> None:
         self._tasks: OrderedDict[str, _Seen] = OrderedDict()
 
-    async def on_request(self, ex: Exchange) -> Reply | None:
-        return None
+    async def on_response(self, ex: Exchange) -> None:
+        """`x-ragtoll-evidence` for a retrieval answer read whole; what is new to the task the
+        budget stage worked out before (`ticket.new_chunks`, from the task's ledger)."""
+        chunks = ex.observation.chunks
+        if chunks is not None and ex.ticket is not None and ex.ticket.new_chunks is not None:
+            ex.response_headers.append((EVIDENCE_HEADER, evidence_header(chunks, ex.ticket.new_chunks).encode()))
 
     async def on_end(self, ex: Exchange) -> None:
         if ex.task is None or ex.status != 200:
@@ -60,9 +65,8 @@ class LandfillStage:
                 ex.span.set_attributes({sc.EVIDENCE_PROMPT_TOKENS: m.evidence_tokens,
                                         sc.EVIDENCE_DUPLICATE_TOKENS: m.duplicate_tokens})
 
-    def forget(self, record: Mapping[str, Any]) -> None:
-        """A task ended (TaskEnder listener): its fingerprints are no longer needed."""
-        self._tasks.pop(str(record.get("task_id")), None)
+    def on_task_end(self, task_id: str) -> None:
+        self._tasks.pop(task_id, None)
 
     def _task(self, task_id: str) -> _Seen:
         seen = self._tasks.get(task_id)

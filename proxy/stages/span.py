@@ -1,7 +1,6 @@
-"""Settle: records what the call really was and cost on its span, in `on_end`.
-
-Runs last in `on_request` order, so its `on_end` runs first and later stages' bookkeeping
-(budget settle) sees the same observation. It never fails a call.
+"""Span stage: writes what the call really was onto its span in `on_end`: the request's model and
+limits, the response's model, usage and finish reasons, parse problems, and (only with
+`telemetry.capture_content`) the content. It never answers or fails a call.
 """
 
 from __future__ import annotations
@@ -13,10 +12,10 @@ from ragtoll.instrumentation import semconv as sc
 
 from ..config import Settings
 from ..model import Call, Observation
-from ..request.pipeline import Exchange, Reply
+from ..request.exchange import Exchange, Stage
 
 
-class SettleStage:
+class SpanStage(Stage):
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._limit = settings.telemetry.content_max_chars
@@ -35,9 +34,6 @@ class SettleStage:
             if texts:
                 out[key] = _cut(orjson.dumps(texts).decode(), self._limit)
         return out
-
-    async def on_request(self, ex: Exchange) -> Reply | None:
-        return None
 
     async def on_end(self, ex: Exchange) -> None:
         span = ex.span

@@ -44,31 +44,51 @@ def task_keys(task_id: str) -> tuple[str, str, str]:
     return base + "h", base + "q", base + "c"
 
 
-class RedisStore:
-    """`url`: redis://, rediss://, unix:// or redis+cluster://host:port (a seed node)."""
+CLUSTER_SCHEME = "redis+cluster://"
+# Connections beyond the budget store's in-flight bound: the evidence cache shares the client.
+SHARED_CONNECTIONS = 64
 
-    def __init__(self, url: str, *, timeout_s: float = 0.25, ttl_s: int = 86_400,
+
+def seed_url(url: str) -> tuple[str, bool]:
+    """The one `store:` URL rule: (the URL redis-py reads, whether it names a Cluster). A Cluster is
+    named `redis+cluster://host:port`, a seed node."""
+    if url.startswith(CLUSTER_SCHEME):
+        return "redis://" + url[len(CLUSTER_SCHEME):], True
+    return url, False
+
+
+def connect(url: str, *, timeout_s: float = 0.25, connection_class: Any = None) -> Any:
+    """The one Redis client for a `store:` URL: redis://, rediss://, unix://, or
+    redis+cluster://host:port (a seed node of a Cluster). Does no I/O until first used."""
+    common: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+                              # larger than the budget store's in-flight bound plus the cache's use,
+                              # so a command never fails for want of a connection
+                              "max_connections": MAX_IN_FLIGHT + SHARED_CONNECTIONS}
+    if connection_class is not None:  # tests and the benchmark count round trips with it
+        common["connection_class"] = connection_class
+    plain, cluster = seed_url(url)
+    if cluster:
+        return RedisCluster.from_url(plain, **common)
+    # one retry on a fresh connection covers a pooled socket the server closed; no backoff
+    return aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 1), **common)
+
+
+class RedisStore:
+    """`url`: as `connect` reads it; `client`: one made by `connect` to share (the app's)."""
+
+    def __init__(self, url: str, *, client: Any = None, timeout_s: float = 0.25, ttl_s: int = 86_400,
                  records_stream: str = "ragtoll:records", records_maxlen: int = 100_000,
                  connection_class: Any = None) -> None:
         self.url = url
         self.ttl_s = ttl_s
         self.records_stream = records_stream
         self.records_maxlen = records_maxlen
-        # a pool larger than the in-flight bound, so a command never fails for want of a connection
-        common: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
-                                  "max_connections": MAX_IN_FLIGHT + 8}
-        if connection_class is not None:  # tests and the benchmark count round trips with it
-            common["connection_class"] = connection_class
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
-        self._cluster = url.startswith("redis+cluster://")
+        self._cluster = seed_url(url)[1]
         self._ready = not self._cluster
         self._init_lock = asyncio.Lock()
-        self.client: Any
-        if url.startswith("redis+cluster://"):
-            self.client = RedisCluster.from_url("redis://" + url[len("redis+cluster://"):], **common)
-        else:
-            # one retry on a fresh connection covers a pooled socket the server closed; no backoff
-            self.client = aioredis.Redis.from_url(url, retry=Retry(NoBackoff(), 1), **common)
+        self.client: Any = client if client is not None else connect(url, timeout_s=timeout_s,
+                                                                      connection_class=connection_class)
         self._reserve = _script("reserve")
         self._settle = _script("settle")
         self._end = _script("end")

@@ -22,20 +22,11 @@ from starlette.routing import Route
 from ..config import DIMENSIONS, Settings
 from ..core import budget as bm
 from ..request.identify import TASK_ID_PATTERN
+from ..secrets import admin_token
 from .records import TaskEnder, _iso
 
 MAX_BODY = 4096
 MAX_REMEMBERED_ENDED = 100_000  # task ids that may still get a late outcome on this replica
-
-
-def read_secret(env: Mapping[str, str], env_name: str | None, file: str | None) -> bytes | None:
-    """A secret from a file (preferred: no environment leaks) or an environment variable."""
-    if file:
-        with open(file, "rb") as fh:
-            value = fh.read().strip()
-        return value or None
-    raw = env.get(env_name or "")
-    return raw.encode() if raw else None
 
 
 def _id_hash(task_id: str) -> int:
@@ -79,7 +70,7 @@ class AdminApi:
                  wall_ms: Callable[[], int] | None = None) -> None:
         self.settings = settings
         env = os.environ if env is None else env
-        self._token = read_secret(env, settings.admin.token_env, settings.admin.token_file)
+        self._token = admin_token(settings, env)
         self._ender: TaskEnder | None = None
         # 64-bit hashes of the task ids recently ended here, for late outcomes: ~70 bytes each at
         # the bound instead of ~190 for the id strings (ids are caller-chosen and can be long)

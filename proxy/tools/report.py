@@ -129,15 +129,16 @@ def read_stream(url: str, key: str, *, batch: int = 1000) -> list[dict[str, Any]
     """Records of a Redis Stream. An entry is either one JSON field (any name) or flat fields."""
     import redis
 
+    from ..stores.redis import seed_url
+
+    plain, cluster = seed_url(url)  # the store URL form ragtoll's config uses
     client: Any
-    if url.startswith("redis+cluster://"):  # the store URL form ragtoll's config uses for a Cluster
+    if cluster:
         from redis.cluster import RedisCluster
 
-        client = RedisCluster.from_url(
-            "redis://" + url[len("redis+cluster://") :], socket_timeout=5, socket_connect_timeout=5
-        )
+        client = RedisCluster.from_url(plain, socket_timeout=5, socket_connect_timeout=5)
     else:
-        client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        client = redis.Redis.from_url(plain, socket_timeout=5, socket_connect_timeout=5)
     items: list[tuple[Any, str]] = []
     start = "-"
     try:

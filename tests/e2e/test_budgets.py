@@ -261,19 +261,13 @@ def test_deadline_rejects_late_calls_and_clamps_the_upstream_timeout(proxy: Prox
 def test_cache_hit_is_charged_as_a_call_and_served(proxy: ProxyFactory, upstream: Upstream,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from ragtoll.proxy import app as app_module
-    from ragtoll.proxy.request.pipeline import Reply
+    from ragtoll.proxy.request.exchange import CacheOutcome, Exchange, Reply, Stage
 
-    class Hit:
-        tier = "exact"
-        reply = Reply(200, b'{"results": [{"id": "cached"}]}')
-
-    class CacheHitStage:  # stands in for the evidence stage (issue 5): a hit for queries saying "cached"
-        async def on_request(self, ex: Any) -> None:
+    class CacheHitStage(Stage):  # proposes a local answer, as the cache stage does, for queries saying "cached"
+        async def on_request(self, ex: Exchange) -> None:
             if b"cached" in (ex.body or b""):
-                ex.state["cache_hit"] = Hit()
-
-        async def on_end(self, ex: Any) -> None:
-            return None
+                ex.proposal = Reply(200, b'{"results": [{"id": "cached"}]}')
+                ex.cache = CacheOutcome("hit", "exact", 1.0)
 
     original = app_module.build_stages
     monkeypatch.setattr(app_module, "build_stages", lambda *a, **k: [CacheHitStage(), *original(*a, **k)])

@@ -12,7 +12,7 @@ import pytest
 import redis
 from conftest import ProxyFactory, Telemetry, Upstream
 from ragtoll.instrumentation import semconv as sc
-from ragtoll.proxy.stages.budget import STORE_RETRY_MS
+from ragtoll.proxy.stores.breaker import STORE_RETRY_MS
 from support.redis_server import start_redis, stop_all
 from test_budgets import TOKEN, budgets, call_spans, chat, remaining, task, upstreams
 

@@ -131,7 +131,7 @@ def search(base: str, query: str, tok: str | None, top_k: int = 3, task: str = "
 def wait_filed() -> None:
     """The response can arrive before ragtoll has filed its evidence (on_end): wait for that."""
     deadline = time.monotonic() + 10
-    while CURRENT and CURRENT[0].evidence.pending_filings and time.monotonic() < deadline:
+    while CURRENT and CURRENT[0].cache is not None and CURRENT[0].cache.pending_filings and time.monotonic() < deadline:
         time.sleep(0.005)
 
 
@@ -388,7 +388,7 @@ def test_audits_on_one_replica_raise_the_threshold_the_other_applies(cache_proxy
 
     def settled(app: Any) -> None:
         deadline = time.monotonic() + 10
-        while app.evidence.pending_filings and time.monotonic() < deadline:
+        while app.cache is not None and app.cache.pending_filings and time.monotonic() < deadline:
             time.sleep(0.005)
 
     def audits() -> list[Any]:

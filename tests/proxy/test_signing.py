@@ -1,4 +1,4 @@
-"""Signed and unsigned budget baggage: parsing, HMAC verification, key loading."""
+"""Signed and unsigned budget baggage: parsing and HMAC verification (key loading: test_secrets.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from ragtoll.proxy.core.signing import (
     PREFIX,
     SIG_KEY,
     canonical,
-    load_key,
     requested_limits,
     sign_budget,
     verify_budget_baggage,
@@ -197,26 +196,6 @@ def test_requested_limits_accepts_good_values_and_explains_the_rest() -> None:
 def test_notes_name_hostile_keys_printably() -> None:
     _, notes = requested_limits({PREFIX + "max_\n\x00é" + "x" * 100: "1"})
     assert notes == ["baggage ragtoll.budget.max_\\n\\x00\\xe9" + "x" * 39 + "... ignored: unknown dimension"]
-
-
-# --- key loading ----------------------------------------------------------------------------------------
-
-
-def test_load_key_prefers_the_file_and_strips_newlines(tmp_path: Path) -> None:
-    secret = tmp_path / "key"
-    secret.write_bytes(b"file-key-0123456789abcdef\n")
-    env = {"K": "env-key-0123456789abcdef"}
-    assert load_key("K", str(secret), env) == b"file-key-0123456789abcdef"
-    assert load_key("K", None, env) == b"env-key-0123456789abcdef"
-    assert load_key("K", None, {}) is None
-    assert load_key(None, None, env) is None
-
-
-def test_load_key_rejects_weak_or_unreadable_keys(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="environment variable K holds a 5-byte HMAC key"):
-        load_key("K", None, {"K": "short"})
-    with pytest.raises(ConfigError, match="cannot be read"):
-        load_key("K", os.fspath(tmp_path / "missing"), {})
 
 
 # --- properties -------------------------------------------------------------------------------------------

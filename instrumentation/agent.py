@@ -47,13 +47,9 @@ BAGGAGE_TASK_ID = "ragtoll.task.id"  # the proxy's identify stage reads this mem
 BAGGAGE_PROFILE = sc.PROFILE  # "ragtoll.budget.profile"
 TRACER_NAME = "ragtoll.instrumentation.agent"
 
-# Same spellings the proxy accepts (proxy/request/identify.py, proxy/config.py); checked here so a typo
-# is reported in the agent's own stderr instead of silently ignored by the proxy.
-DIMENSIONS = (
-    "max_steps", "max_calls", "max_retrieval_calls", "max_unique_queries", "max_rerank_calls",
-    "max_context_tokens", "max_prompt_tokens", "max_completion_tokens", "max_cost_usd",
-    "max_latency_ms", "max_stalled_retrievals",
-)
+# The dimensions the proxy accepts (semconv.DIMENSIONS), checked here so a typo is reported in the
+# agent's own stderr instead of silently ignored by the proxy.
+DIMENSIONS = sc.DIMENSIONS
 # RAGTOLL_BUDGET_* names that are not limits (the operator's signing key must never become baggage).
 _NOT_LIMITS = frozenset({"PROFILE", "HMAC_KEY", "SIG", "EXP"})
 # A signed grant (proxy/core/signing.py `sign_budget`) handed to the agent as RAGTOLL_BUDGET_SIG/_EXP

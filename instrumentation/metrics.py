@@ -203,12 +203,7 @@ class Metrics:
         return {k: v for k, v in raw.items() if v is not None}
 
 
-# the proxy's dimensions (proxy/config.py DIMENSIONS); a copy so this module imports nothing of the proxy
-_DIMENSIONS = frozenset({
-    "max_steps", "max_calls", "max_retrieval_calls", "max_unique_queries", "max_rerank_calls",
-    "max_context_tokens", "max_prompt_tokens", "max_completion_tokens", "max_cost_usd",
-    "max_latency_ms", "max_stalled_retrievals",
-})
+_DIMENSIONS = frozenset(sc.DIMENSIONS)
 
 
 class PrometheusReader(PrometheusMetricReader):

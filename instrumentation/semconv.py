@@ -49,6 +49,23 @@ BUDGET_STREAM_CUT = "ragtoll.budget.stream_cut"
 BUDGET_NOTES = "ragtoll.budget.notes"  # why budget baggage or a profile request was ignored
 
 
+# The budget dimensions, in the order spans and headers list them: the one definition, which the
+# proxy's config, the agent hook and the metrics' label allow-list all read.
+DIMENSIONS = (
+    "max_steps",
+    "max_calls",
+    "max_retrieval_calls",
+    "max_unique_queries",
+    "max_rerank_calls",
+    "max_context_tokens",
+    "max_prompt_tokens",
+    "max_completion_tokens",
+    "max_cost_usd",
+    "max_latency_ms",
+    "max_stalled_retrievals",
+)
+
+
 def budget_limit(dimension: str) -> str:
     return f"ragtoll.budget.{dimension}.limit"
 

@@ -19,23 +19,11 @@ from typing import Any, Literal, get_args, get_origin
 
 import orjson
 import yaml
+from ragtoll.instrumentation.semconv import DIMENSIONS
 
 from .errors import ConfigError
 
 KINDS = ("llm", "embeddings", "retrieval", "rerank", "other")
-DIMENSIONS = (
-    "max_steps",
-    "max_calls",
-    "max_retrieval_calls",
-    "max_unique_queries",
-    "max_rerank_calls",
-    "max_context_tokens",
-    "max_prompt_tokens",
-    "max_completion_tokens",
-    "max_cost_usd",
-    "max_latency_ms",
-    "max_stalled_retrievals",
-)
 DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_INSPECT_BYTES = 8 * 1024 * 1024

@@ -14,7 +14,7 @@ from conftest import ProxyFactory
 from ragtoll.proxy.cli import main
 from ragtoll.proxy.tools import report, report_plot
 
-FIXTURE = pathlib.Path(__file__).parent.parent / "fixtures" / "task_records.jsonl"
+FIXTURE = pathlib.Path(__file__).parents[3] / "tests" / "fixtures" / "task_records.jsonl"
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from PIL import Image
 from ragtoll.proxy.cli import main
 from ragtoll.proxy.tools import report, report_compare, report_plot
 
-FIXTURE = pathlib.Path(__file__).parent.parent / "fixtures" / "task_records.jsonl"
+FIXTURE = pathlib.Path(__file__).parents[3] / "tests" / "fixtures" / "task_records.jsonl"
 SHADOW_BLUE, ENFORCED_ORANGE = (0x00, 0x72, 0xB2), (0xE6, 0x9F, 0x00)  # report_plot.RUN_COLOURS[:2]
 
 

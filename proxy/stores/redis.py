@@ -29,7 +29,10 @@ from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, wants_seen
 STALE_INFLIGHT_MS = 15 * 60 * 1000
 MAX_LOCAL_TASKS = 200_000
 MAX_IN_FLIGHT = 64  # store commands in flight per process; more wait (within the caller's timeout)
-_TEXT_FIELDS = frozenset({"task_id", "profile", "class", "route", "exhausted", "source", "trace_id"})
+# the task hash's text fields -> Ledger attributes (the Lua scripts write "class" for Ledger.cls)
+_TEXT_FIELDS = {"task_id": "task_id", "profile": "profile", "class": "cls", "route": "route",
+                "source": "source", "trace_id": "trace_id"}
+_INT_FIELDS = frozenset({"started_ms", "last_ms", "chunks_seen"})
 
 
 def _script(name: str) -> tuple[str, str]:
@@ -219,27 +222,11 @@ def _ledger(task_id: str, flat: list[bytes]) -> Ledger:
         key = flat[i].decode()
         raw = flat[i + 1]
         if key in _TEXT_FIELDS:
-            text = raw.decode("utf-8", "replace")
-            if key == "task_id":
-                ledger.task_id = text
-            elif key == "profile":
-                ledger.profile = text
-            elif key == "class":
-                ledger.cls = text
-            elif key == "route":
-                ledger.route = text
-            elif key == "source":
-                ledger.source = text
-            elif key == "trace_id":
-                ledger.trace_id = text
-            else:
-                ledger.exhausted = text or None
-        elif key == "started_ms":
-            ledger.started_ms = int(raw)
-        elif key == "last_ms":
-            ledger.last_ms = int(raw)
-        elif key == "chunks_seen":
-            ledger.chunks_seen = int(raw)
+            setattr(ledger, _TEXT_FIELDS[key], raw.decode("utf-8", "replace"))
+        elif key == "exhausted":
+            ledger.exhausted = raw.decode("utf-8", "replace") or None
+        elif key in _INT_FIELDS:
+            setattr(ledger, key, int(raw))
         elif key.startswith("rej:"):
             ledger.rejections[key[4:]] = int(raw)
         elif key.startswith("srej:"):

@@ -35,6 +35,16 @@ TASK_SOURCE = "ragtoll.task.source"
 TASK_NOTES = "ragtoll.task.notes"
 TASK_END_REASON = "ragtoll.task.end_reason"  # explicit | idle | exceeded | expired
 TASK_CALLS = "ragtoll.task.calls"  # ragtoll.task summary span: calls of the task
+# ragtoll.task summary span: the task record's totals, `ragtoll.task.<record key>`
+TASK_TOTALS = ("steps", "retrieval_calls", "unique_queries", "rerank_calls", "context_tokens",
+               "completion_tokens", "cache_hits", "duration_ms", "chunks_seen", "stalled_retrievals")
+TASK_CLASS = "ragtoll.task.class"
+TASK_ROUTE = "ragtoll.task.route"
+TASK_CORRECT = "ragtoll.task.correct"  # the outcome posted with the end call, when there is one
+
+
+def task_total(key: str) -> str:
+    return f"ragtoll.task.{key}"
 UPSTREAM = "ragtoll.upstream"
 UPSTREAM_KIND = "ragtoll.upstream.kind"
 PROFILE = "ragtoll.budget.profile"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -29,7 +30,7 @@ from .cache.admin import version_endpoint
 from .cache.principal import PrincipalResolver
 from .config import Settings
 from .core import tokens
-from .errors import NotFound, render
+from .errors import NotFound, ShuttingDown, render
 from .request.exchange import Exchange, Stage
 from .request.identify import Identifier, derived_span_id
 from .request.pipeline import Pipeline, Receive, Scope, Send
@@ -46,6 +47,7 @@ from .tasks.admin import AdminApi
 from .tasks.records import TaskEnder, open_sink
 
 TRACER_NAME = "ragtoll.proxy"
+log = logging.getLogger("ragtoll")
 
 
 def build_stages(settings: Settings, *, stores: Stores, client: UpstreamClient, resolver: PrincipalResolver,
@@ -90,6 +92,10 @@ class RagtollApp:
         self.pipeline: Pipeline | None = None
         self.stores: Stores | None = None
         self.on_started: Callable[[], None] | None = None  # called once the lifespan has started
+        self.draining = False  # set on SIGTERM: new calls are refused while the ones in flight finish
+        self.in_flight = 0
+        self._idle = asyncio.Event()  # set while no call is in flight
+        self._idle.set()
         self.admin = AdminApi(settings, env=self.env)
         self.metrics = Metrics(self.meter_provider, upstreams=[u.name for u in settings.upstreams],
                                profiles=list(settings.budgets.profiles), version=__version__)
@@ -144,11 +150,21 @@ class RagtollApp:
         try:
             yield
         finally:
-            self.pipeline = None
-            self.admin.ender = None
+            self.draining = True
             sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
+            # Calls in flight finish (up to the grace period) before their stores and client close;
+            # then the tasks this process holds end (records, task spans) or are handed over.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.settings.server.shutdown_grace_s):
+                    await self._idle.wait()
+            try:
+                await ender.shutdown()
+            except Exception:
+                log.exception("tasks not ended at shutdown")
+            self.pipeline = None
+            self.admin.ender = None
             if self.cache is not None:
                 await self.cache.aclose()
             self.cache = None
@@ -162,6 +178,10 @@ class RagtollApp:
             raise RuntimeError("ragtoll is not serving yet")
         await self.cache.set_source_version(name, version)
 
+    def drain(self) -> None:
+        """SIGTERM: refuse new calls (503, `shutting_down`); the lifespan's end waits for the rest."""
+        self.draining = True
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and self.pipeline is not None:
             if scope["method"] == "CONNECT":
@@ -169,7 +189,18 @@ class RagtollApp:
                 return
             route = self.router.match(scope["path"])
             if route is not None:
-                await self.pipeline.handle(route, scope, receive, send)
+                if self.draining:
+                    await _json(send, 503, render(ShuttingDown("ragtoll is shutting down; retry on another replica")),
+                                [(b"connection", b"close")])
+                    return
+                self.in_flight += 1
+                self._idle.clear()
+                try:
+                    await self.pipeline.handle(route, scope, receive, send)
+                finally:
+                    self.in_flight -= 1
+                    if not self.in_flight:
+                        self._idle.set()
                 return
         await self.starlette(scope, receive, send)
 
@@ -179,6 +210,8 @@ class RagtollApp:
     async def readyz(self, request: Request) -> Response:
         if self.pipeline is None or self.stores is None:
             return JSONResponse({"status": "starting"}, status_code=503)
+        if self.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
         store = "memory" if self.settings.store == "memory" else self.settings.store.partition("://")[0]
         try:
             async with asyncio.timeout(self.settings.store_timeout_ms / 1000):
@@ -224,7 +257,14 @@ class RagtollApp:
         named_by_caller = record.get("task_source") == "traceparent"
         attrs = {sc.TASK_SOURCE: record.get("task_source") or "", sc.PROFILE: record["profile"] or "",
                  sc.COST_USD: record["cost_usd"], sc.TASK_CALLS: record["calls"],
-                 sc.BUDGET_EXCEEDED: bool(record["exhausted"]), sc.TASK_END_REASON: record["end_reason"]}
+                 sc.BUDGET_EXCEEDED: bool(record["exhausted"]), sc.TASK_END_REASON: record["end_reason"],
+                 **{sc.task_total(k): record[k] for k in sc.TASK_TOTALS if isinstance(record.get(k), int)}}
+        for key, value in ((sc.TASK_CLASS, record.get("class")), (sc.TASK_ROUTE, record.get("route"))):
+            if value:
+                attrs[key] = value
+        correct = (record.get("outcome") or {}).get("correct")
+        if isinstance(correct, bool):
+            attrs[sc.TASK_CORRECT] = correct
         if record["exhausted"]:
             attrs[sc.BUDGET_EXCEEDED_DIMENSION] = record["exhausted"]
         emit_task_span(
@@ -259,9 +299,10 @@ def _epoch_ns(iso: str) -> int:
     return int(datetime.fromisoformat(iso).timestamp() * 1e9)  # Python 3.11 reads a trailing Z
 
 
-async def _json(send: Send, status: int, body: bytes) -> None:
+async def _json(send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *(extra or [])]})
     await send({"type": "http.response.body", "body": body})
 
 

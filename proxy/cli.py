@@ -119,7 +119,7 @@ def _serve(args: argparse.Namespace) -> int:
         f"ragtoll listening on http://{server.host}:{server.port} "
         f"({len(settings.upstreams)} upstream(s), store {settings.store})", file=sys.stderr, flush=True)
     try:
-        uvloop.run(serve(app, server))
+        uvloop.run(serve(app, server, on_signal=app.drain))
     except OSError as exc:  # the port is taken, the address does not exist, ...
         print(f"ragtoll: cannot listen on {server.host}:{server.port}: {exc.strerror or exc}", file=sys.stderr)
         return 3

@@ -51,6 +51,9 @@ class ServerConfig:
     # observes): past it, the rest passes through unread and the span says so.
     max_inspect_bytes: int = DEFAULT_MAX_INSPECT_BYTES
     max_event_bytes: int = 1024 * 1024  # one SSE event; a longer one ends the stream's observation
+    # On SIGTERM: calls in flight get this long to finish before ragtoll ends its tasks and exits
+    # (keep it under the pod's terminationGracePeriodSeconds).
+    shutdown_grace_s: float = 20.0
 
 
 @dataclass(frozen=True)
@@ -393,6 +396,8 @@ def _check_server(srv: ServerConfig) -> None:
         _bad("server.header_timeout_s", srv.header_timeout_s, "seconds between 0.001 and 60 (default 10)")
     if not math.isfinite(srv.body_timeout_s) or srv.body_timeout_s <= 0:
         _bad("server.body_timeout_s", srv.body_timeout_s, "a positive number of seconds (default 30)")
+    if not math.isfinite(srv.shutdown_grace_s) or not 0 <= srv.shutdown_grace_s <= 3600:
+        _bad("server.shutdown_grace_s", srv.shutdown_grace_s, "seconds between 0 and 3600 (default 20)")
     if srv.max_connections < 1:
         _bad("server.max_connections", srv.max_connections, "at least 1 (default 1024)")
     if srv.max_inspect_bytes < 64 * 1024:

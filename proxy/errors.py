@@ -13,7 +13,8 @@
      ├── UpstreamError               the upstream exchange failed
      │    ├── UpstreamTimeout        504
      │    └── UpstreamUnavailable    502 (refused, reset, protocol garbage)
-     └── StoreUnavailable            the budget store could not answer in time (503 when closed)
+     ├── StoreUnavailable            the budget store could not answer in time (503 when closed)
+     └── ShuttingDown                the process is draining after SIGTERM (503)
 
 This module imports nothing from the rest of ragtoll.
 """
@@ -116,6 +117,12 @@ class StoreUnavailable(RagtollError):
     status = 503
     code = "store_unavailable"
     type = "store_error"
+
+
+class ShuttingDown(RagtollError):
+    status = 503
+    code = "shutting_down"
+    type = "server_error"
 
 
 def render(error: RagtollError, *, style: str = "openai") -> bytes:

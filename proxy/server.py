@@ -66,8 +66,19 @@ def raise_open_files_limit(needed: int) -> int:
     return int(soft)
 
 
+def check_bindable(host: str, port: int) -> None:
+    """Raise OSError (its strerror says why) if `host:port` cannot be listened on: granian reports a
+    taken port as a RuntimeError from its socket layer, so ragtoll asks the OS first."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+
+
 async def serve(app: Any, cfg: ServerConfig, *, on_signal: Callable[[], None] | None = None) -> None:
-    """Serve `app` until SIGTERM or SIGINT. `on_signal` runs first (the app stops taking new calls)."""
+    """Serve `app` until SIGTERM or SIGINT. `on_signal` runs first (the app stops taking new calls).
+    OSError if the address cannot be listened on (nothing is started then)."""
+    check_bindable(cfg.host, cfg.port)
     server = make_server(app, cfg)
     loop = asyncio.get_running_loop()
 

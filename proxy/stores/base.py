@@ -92,7 +92,18 @@ class Store(Protocol):
         ...
 
     async def idle_tasks(self, idle_before_ms: int) -> list[str]:
-        """Task ids (known to this process) whose last call is older than `idle_before_ms`."""
+        """Task ids (known to this process, or handed over to it) whose last call is older than
+        `idle_before_ms`."""
+        ...
+
+    async def hand_over(self) -> int:
+        """This process is stopping: leave the tasks it served to the processes that stay, whose
+        idle sweeps then end them. Returns how many; 0 for a store no other process reads (memory),
+        whose tasks the caller ends itself."""
+        ...
+
+    def local_tasks(self) -> list[str]:
+        """Every task id this process holds (no I/O)."""
         ...
 
     async def ping(self) -> None:

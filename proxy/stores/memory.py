@@ -112,6 +112,12 @@ class MemoryStore:
                 out.append(task_id)
         return out
 
+    async def hand_over(self) -> int:
+        return 0  # nobody else reads this process's memory
+
+    def local_tasks(self) -> list[str]:
+        return list(self._tasks)
+
     def failure_domain(self, task_id: str) -> str:
         return "memory"
 

@@ -48,6 +48,9 @@ def task_keys(task_id: str) -> tuple[str, str, str]:
 
 
 CLUSTER_SCHEME = "redis+cluster://"
+# Tasks a stopping replica leaves to the others (task id -> last call, ms): one key outside every
+# task's hash tag, read and written by plain commands, never inside a script (so Cluster-safe).
+HANDOVER_KEY = "ragtoll:handover"
 # Connections beyond the budget store's in-flight bound: the evidence cache shares the client.
 SHARED_CONNECTIONS = 64
 
@@ -182,10 +185,27 @@ class RedisStore:
             self._local[task_id] = int(out[1])  # another replica served it since: check again later
             return None
         self._local.pop(task_id, None)
+        await self.client.zrem(HANDOVER_KEY, task_id)  # ended (or gone): no one needs to sweep it again
         return _ledger(task_id, out[1:]) if status == "ended" else None
 
     async def idle_tasks(self, idle_before_ms: int) -> list[str]:
-        return [t for t, last in self._local.items() if last < idle_before_ms]
+        mine = [t for t, last in self._local.items() if last < idle_before_ms]
+        # tasks a stopped replica left behind (hand_over), idle as of the last call it saw
+        left = await self.client.zrangebyscore(HANDOVER_KEY, "-inf", f"({idle_before_ms}", start=0,
+                                               num=MAX_LOCAL_TASKS)
+        return mine + [t.decode() for t in left if t.decode() not in self._local]
+
+    async def hand_over(self) -> int:
+        if not self._local:
+            return 0
+        await self.client.zadd(HANDOVER_KEY, dict(self._local))
+        await self.client.expire(HANDOVER_KEY, self.ttl_s)
+        n = len(self._local)
+        self._local.clear()
+        return n
+
+    def local_tasks(self) -> list[str]:
+        return list(self._local)
 
     def failure_domain(self, task_id: str) -> str:
         """One server: one domain ("redis"). Cluster: the node ("host:port") that owns the slot of

@@ -25,6 +25,7 @@ from ..core.budget import Ledger, usd
 log = logging.getLogger("ragtoll.records")
 END_EXPLICIT = "explicit"
 END_IDLE = "idle"
+END_SHUTDOWN = "shutdown"
 
 
 def _iso(ms: int) -> str | None:
@@ -220,12 +221,31 @@ class TaskEnder:
         await self._write(records)
         return len(records)
 
+    async def shutdown(self) -> tuple[int, int]:
+        """The process is stopping, its calls done: end what only it holds, as (ended, handed over).
+
+        Idle tasks end as a sweep would end them. With a store other replicas share, the rest are
+        handed over (their sweeps end them once idle: a task may go on at another replica);
+        with the memory store every live task ends now, `end_reason: shutdown`, since nothing
+        else could ever end it."""
+        ended = await self.sweep()
+        handed = await self.store.hand_over()
+        if handed:
+            return ended, handed
+        records: list[dict[str, Any]] = []
+        for task_id in self.store.local_tasks():
+            record = await self._end(task_id, None, END_SHUTDOWN, None)
+            if record is not None:
+                records.append(record)
+        await self._write(records)
+        return ended + len(records), 0
+
     async def _end(self, task_id: str, outcome: Mapping[str, Any] | None, reason: str,
                    idle_before_ms: int | None) -> dict[str, Any] | None:
         ledger = await self.store.end_task(task_id, idle_before_ms)
         if ledger is None:
             return None
-        ended = self._wall_ms() if reason == END_EXPLICIT else ledger.last_ms
+        ended = ledger.last_ms if reason == END_IDLE else self._wall_ms()
         record = task_record(ledger, ended_ms=ended, end_reason=reason, outcome=outcome)
         for listener in self.listeners:
             try:

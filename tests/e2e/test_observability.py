@@ -92,6 +92,13 @@ def test_ending_a_task_records_its_summary_span_as_the_trace_root(upstream: Upst
     assert summary.attributes["ragtoll.task.id"] == task
     assert summary.attributes["ragtoll.task.calls"] == 1  # a refused call is charged nothing
     assert summary.attributes["ragtoll.budget.exceeded"] is True
+    # the record's totals, so Jaeger shows a task's spend without adding up its calls
+    record = r.json()
+    for key in ("steps", "retrieval_calls", "rerank_calls", "context_tokens", "completion_tokens", "cache_hits",
+                "duration_ms"):
+        assert summary.attributes[f"ragtoll.task.{key}"] == record[key], key
+    assert summary.attributes["ragtoll.task.steps"] == 1 and summary.attributes["ragtoll.task.context_tokens"] > 0
+    assert summary.attributes["ragtoll.task.correct"] is True
     servers = [s for s in telemetry.spans() if s.name == "POST /openai"]
     assert len(servers) == 2 and {s.parent.span_id for s in servers} == {summary.context.span_id}
     task_cost = points(telemetry)["ragtoll.task.cost"]

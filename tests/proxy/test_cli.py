@@ -37,3 +37,16 @@ def test_sign_budget_without_key_or_with_bad_limit_exits_2() -> None:
     assert out.returncode == 2 and "no HMAC key" in out.stderr
     bad = run("sign-budget", "--task-id", "t", "max_steps", env={"RAGTOLL_BUDGET_HMAC_KEY": KEY})
     assert bad.returncode == 2 and "DIMENSION=VALUE" in bad.stderr
+
+
+def test_serve_on_a_taken_port_exits_3_without_saying_it_listens() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = run("serve", "--port", str(port), env={"OTEL_SDK_DISABLED": "true"})
+    assert out.returncode == 3, out.stderr
+    assert "cannot listen on 127.0.0.1:" in out.stderr
+    assert "listening" not in out.stderr.replace("cannot listen", "")

@@ -30,7 +30,7 @@ import tempfile
 import time
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -129,12 +129,20 @@ def _fields(cls: type[Any]) -> list[tuple[dataclasses.Field[Any], Any]]:
 
 
 def _default(f: dataclasses.Field[Any]) -> tuple[bool, Any]:
-    """(is a factory, default) for a dataclass field; MISSING when required."""
+    """(is a factory, default) for a dataclass field; MISSING when required. A mapping default (a
+    FrozenMap) becomes a factory of plain data, converted into the candidate's own types."""
     if f.default_factory is not dataclasses.MISSING:
         return True, f.default_factory
     if dataclasses.is_dataclass(f.default):
         return True, None  # the nested section's own defaults
+    if isinstance(f.default, Mapping):
+        return True, lambda: f.default
     return False, f.default
+
+
+def _plain(value: Any) -> Any:
+    """A default as JSON-able data (mappings and sections included)."""
+    return json.loads(json.dumps(value, default=lambda o: dict(o) if isinstance(o, Mapping) else dataclasses.asdict(o)))
 
 
 def msgspec_schema() -> tuple[Any, Callable[[dict[str, Any]], Any], Callable[[Exception, dict[str, Any]], str]]:
@@ -153,7 +161,7 @@ def msgspec_schema() -> tuple[Any, Callable[[dict[str, Any]], Any], Callable[[Ex
             if factory and default is None:
                 fields.append((f.name, tp, msgspec.field(default_factory=tp)))
             elif factory:
-                raw = json.loads(json.dumps(default(), default=dataclasses.asdict))
+                raw = _plain(default())
                 fields.append((f.name, tp, msgspec.field(default_factory=lambda raw=raw, tp=tp: msgspec.convert(raw, tp))))
             elif default is dataclasses.MISSING:
                 fields.append((f.name, tp))
@@ -172,9 +180,9 @@ def msgspec_schema() -> tuple[Any, Callable[[dict[str, Any]], Any], Callable[[Ex
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if origin in (typing.Union, types.UnionType):
             return typing.Union[tuple(typ(a, owner, name) for a in args)]  # noqa: UP007
-        if origin is list:
+        if origin in (list, tuple):
             return tuple[typ(args[0], owner, name), ...]  # type: ignore[misc]
-        if origin is dict:
+        if origin in (dict, Mapping):
             return dict[str, typ(args[1], owner, name)]  # type: ignore[misc]
         if dataclasses.is_dataclass(tp):
             return struct(tp)  # type: ignore[arg-type]
@@ -220,7 +228,7 @@ def pydantic_schema() -> tuple[Any, Callable[[dict[str, Any]], Any], Callable[[E
             if factory and default is None:
                 fields[f.name] = (tp, Field(default_factory=tp))
             elif factory:
-                raw = json.loads(json.dumps(default(), default=dataclasses.asdict))
+                raw = _plain(default())
                 fields[f.name] = (tp, Field(default_factory=lambda raw=raw, tp=tp: pydantic.TypeAdapter(tp)
                                             .validate_python(raw)))
             elif default is dataclasses.MISSING:
@@ -238,9 +246,9 @@ def pydantic_schema() -> tuple[Any, Callable[[dict[str, Any]], Any], Callable[[E
         origin, args = typing.get_origin(tp), typing.get_args(tp)
         if origin in (typing.Union, types.UnionType):
             return typing.Union[tuple(typ(a, owner, name) for a in args)]  # noqa: UP007
-        if origin is list:
+        if origin in (list, tuple):
             return tuple[typ(args[0], owner, name), ...]  # type: ignore[misc]
-        if origin is dict:
+        if origin in (dict, Mapping):
             return dict[str, typ(args[1], owner, name)]  # type: ignore[misc]
         if dataclasses.is_dataclass(tp):
             return model(tp)  # type: ignore[arg-type]
@@ -276,8 +284,8 @@ def _walk(path: str) -> list[Any]:
             tp = next(a for a in typing.get_args(tp) if a is not type(None))
         if dataclasses.is_dataclass(tp):
             tp = typing.get_type_hints(tp).get(part)
-        elif typing.get_origin(tp) in (list, dict):
-            tp = typing.get_args(tp)[-1]
+        elif typing.get_origin(tp) in (list, dict, tuple, Mapping):
+            tp = typing.get_args(tp)[0 if typing.get_origin(tp) in (list, tuple) else -1]
         out.append(tp)
     return out
 

@@ -34,9 +34,10 @@ DEFAULT_RECORDS_MAX_BYTES = 16 * 1024 * 1024
 DEFAULT_RECORDS_KEEP = 3
 MIN_RECORDS_MAX_BYTES = 64 * 1024
 MAX_RECORDS_KEEP = 100
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-_PREFIX = re.compile(r"^(/[A-Za-z0-9._~-]+)+$")
-_HEADER = re.compile(r"^[A-Za-z0-9-]+$")
+# matched with fullmatch: `$` would let a trailing newline through
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+_PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
+_HEADER = re.compile(r"[A-Za-z0-9-]+")
 _RESERVED = ("/healthz", "/readyz", "/metrics")
 
 K = TypeVar("K")
@@ -47,13 +48,11 @@ class FrozenMap(Mapping[K, V]):
     """A read-only mapping: `==` (also to a dict), `.get`, iteration and `hash` as a dict would
     give, and no way to change it. Config's mappings are these, so frozen sections stay frozen."""
 
-    __slots__ = ("_data", "_hash")
+    __slots__ = ("_data",)
     _data: dict[K, V]
-    _hash: int | None
 
     def __init__(self, data: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
         object.__setattr__(self, "_data", dict(data))
-        object.__setattr__(self, "_hash", None)
 
     def __getitem__(self, key: K) -> V:
         return self._data[key]
@@ -65,9 +64,7 @@ class FrozenMap(Mapping[K, V]):
         return len(self._data)
 
     def __hash__(self) -> int:
-        if self._hash is None:
-            object.__setattr__(self, "_hash", hash(frozenset(self._data.items())))
-        return self._hash  # type: ignore[return-value]
+        return hash(frozenset(self._data.items()))
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"{type(self).__name__} is read-only")

@@ -1,8 +1,10 @@
 """Configuration: frozen dataclasses per section, loaded from YAML and `RAGTOLL_*` variables.
 
-`load(env, path)` is the only entry point; it validates everything once and raises `ConfigError`
-naming the key, the bad value and what would be valid. Nothing else in ragtoll reads the
-environment for configuration. Imports no I/O library besides yaml.
+`load(env, path)` and `parse(raw)` are the entry points. Each section checks its own keys in
+`validate(where)`; `Settings.validate()` adds only the rules that span sections. Errors are
+`ConfigError`s naming the key, the bad value and what would be valid. Sections hold no mutable
+containers (tuples and `FrozenMap`s), so a loaded `Settings` is immutable and hashable. Nothing
+else in ragtoll reads the environment for configuration. Imports no I/O library besides yaml.
 """
 
 from __future__ import annotations
@@ -13,9 +15,9 @@ import os
 import re
 import types
 import typing
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, Literal, get_args, get_origin
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import orjson
 import yaml
@@ -32,8 +34,76 @@ DEFAULT_RECORDS_MAX_BYTES = 16 * 1024 * 1024
 DEFAULT_RECORDS_KEEP = 3
 MIN_RECORDS_MAX_BYTES = 64 * 1024
 MAX_RECORDS_KEEP = 100
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-_PREFIX = re.compile(r"^(/[A-Za-z0-9._~-]+)+$")
+# matched with fullmatch: `$` would let a trailing newline through
+_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
+_PREFIX = re.compile(r"(/[A-Za-z0-9._~-]+)+")
+_HEADER = re.compile(r"[A-Za-z0-9-]+")
+_RESERVED = ("/healthz", "/readyz", "/metrics")
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class FrozenMap(Mapping[K, V]):
+    """A read-only mapping: `==` (also to a dict), `.get`, iteration and `hash` as a dict would
+    give, and no way to change it. Config's mappings are these, so frozen sections stay frozen."""
+
+    __slots__ = ("_data",)
+    _data: dict[K, V]
+
+    def __init__(self, data: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
+        object.__setattr__(self, "_data", dict(data))
+
+    def __getitem__(self, key: K) -> V:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._data.items()))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is read-only")
+
+    def __reduce__(self) -> tuple[type[FrozenMap[K, V]], tuple[dict[K, V]]]:
+        return type(self), (self._data,)
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+
+EMPTY: FrozenMap[Any, Any] = FrozenMap()
+
+
+def _freeze(obj: Any, *names: str) -> None:
+    """Sections built in code (tests, the demo) may be handed a list or a dict: keep a tuple or a
+    FrozenMap instead, so no section holds a container anyone can change."""
+    for name in names:
+        value = getattr(obj, name)
+        if isinstance(value, list):
+            object.__setattr__(obj, name, tuple(value))
+        elif isinstance(value, dict):
+            object.__setattr__(obj, name, FrozenMap(value))
+
+
+def _bad(key: str, value: Any, valid: str) -> typing.NoReturn:
+    raise ConfigError(f"Config '{key}' has value {value!r}. Expected {valid}.", key=key)
+
+
+def _finite(value: float) -> bool:
+    return isinstance(value, int) or math.isfinite(value)  # ints are finite, however large
+
+
+def _positive_s(key: str, value: float, default: str = "") -> None:
+    if not _finite(value) or value <= 0:
+        _bad(key, value, f"a positive number of seconds{default}")
+
+
+# --- sections: each checks its own keys in validate(where) -------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -55,11 +125,33 @@ class ServerConfig:
     # (keep it under the pod's terminationGracePeriodSeconds).
     shutdown_grace_s: float = 20.0
 
+    def validate(self, where: str) -> None:
+        if not 1 <= self.port <= 65535:
+            _bad(f"{where}.port", self.port, "a TCP port between 1 and 65535")
+        if self.max_body_bytes < 1024:
+            _bad(f"{where}.max_body_bytes", self.max_body_bytes, "at least 1024")
+        # granian (hyper) takes the head timeout in whole milliseconds, 1 ms to 60 s
+        if not _finite(self.header_timeout_s) or not 0.001 <= self.header_timeout_s <= 60:
+            _bad(f"{where}.header_timeout_s", self.header_timeout_s, "seconds between 0.001 and 60 (default 10)")
+        _positive_s(f"{where}.body_timeout_s", self.body_timeout_s, " (default 30)")
+        if self.max_connections < 1:
+            _bad(f"{where}.max_connections", self.max_connections, "at least 1 (default 1024)")
+        if not _finite(self.shutdown_grace_s) or not 0 <= self.shutdown_grace_s <= 3600:
+            _bad(f"{where}.shutdown_grace_s", self.shutdown_grace_s, "seconds between 0 and 3600 (default 20)")
+        if self.max_inspect_bytes < 64 * 1024:
+            _bad(f"{where}.max_inspect_bytes", self.max_inspect_bytes, "at least 65536 (default 8388608)")
+        if not 1024 <= self.max_event_bytes <= self.max_inspect_bytes:
+            _bad(f"{where}.max_event_bytes", self.max_event_bytes,
+                 f"between 1024 and {where}.max_inspect_bytes ({self.max_inspect_bytes}); default 1048576")
+
 
 @dataclass(frozen=True)
 class AdminConfig:
     token_env: str = "RAGTOLL_ADMIN_TOKEN"
-    token_file: str | None = None
+    token_file: str | None = None  # read (and its errors reported) by proxy/secrets.py at start
+
+    def validate(self, where: str) -> None:
+        """Nothing to check here: the token is a secret, read and checked where it is used."""
 
 
 @dataclass(frozen=True)
@@ -71,12 +163,23 @@ class Timeouts:
     write: float = 30.0
     pool: float = 5.0
 
+    def validate(self, where: str) -> None:
+        for name in ("connect", "read", "write", "pool"):
+            _positive_s(f"{where}.{name}", getattr(self, name))
+
 
 @dataclass(frozen=True)
 class Limits:
     max_connections: int = 200
     max_keepalive_connections: int = 50  # HTTP/2 upstreams; aiohttp keeps any idle connection for keepalive_s
     keepalive_s: float = 15.0  # an idle connection is closed after this
+
+    def validate(self, where: str) -> None:
+        _positive_s(f"{where}.keepalive_s", self.keepalive_s, " (default 15)")
+        if self.max_connections < 1:
+            _bad(f"{where}.max_connections", self.max_connections, "at least 1 (default 200)")
+        if self.max_keepalive_connections < 0:
+            _bad(f"{where}.max_keepalive_connections", self.max_keepalive_connections, "at least 0 (default 50)")
 
 
 @dataclass(frozen=True)
@@ -88,6 +191,14 @@ class TlsConfig:
     key_file: str | None = None  # its private key (PEM)
     verify: bool = True  # false: no certificate check at all (never in production)
 
+    def validate(self, where: str) -> None:
+        for name in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                _bad(f"{where}.{name}", path, "the path of a readable PEM file")
+        if self.key_file is not None and self.cert_file is None:
+            _bad(f"{where}.key_file", self.key_file, "a key together with tls.cert_file (the client certificate)")
+
 
 @dataclass(frozen=True)
 class UpstreamConfig:
@@ -97,7 +208,7 @@ class UpstreamConfig:
     prefix: str = ""
     api: str = "passthrough"
     trusted: bool = False
-    fields: dict[str, str] = field(default_factory=dict)
+    fields: Mapping[str, str] = EMPTY
     timeouts: Timeouts = Timeouts()
     limits: Limits = Limits()
     tls: TlsConfig = TlsConfig()
@@ -106,6 +217,9 @@ class UpstreamConfig:
     engine: Literal["aiohttp", "httpx"] = "aiohttp"
     http2: bool = False  # speak HTTP/2 to it (needs engine: httpx; TLS with ALPN, or h2c prior knowledge)
     proxy: str | None = None  # an outbound HTTP proxy; none by default, and proxy variables are never read
+
+    def __post_init__(self) -> None:
+        _freeze(self, "fields")
 
     @property
     def route_prefix(self) -> str:
@@ -117,12 +231,50 @@ class UpstreamConfig:
         scheme, _, rest = self.url.partition("://")
         return f"{scheme.lower()}://{rest.split('/', 1)[0].lower()}"
 
+    def validate(self, where: str) -> None:
+        """This upstream alone; names, prefixes and origins shared with others are Settings' rules."""
+        if not _NAME.fullmatch(self.name):
+            _bad(f"{where}.name", self.name, "lowercase letters, digits, '-' or '_', at most 63 characters")
+        if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", self.url):
+            _bad(f"{where}.url", self.url, "an absolute http:// or https:// URL without query or fragment")
+        prefix = self.route_prefix
+        if not _PREFIX.fullmatch(prefix) or ".." in prefix.split("/"):
+            _bad(f"{where}.prefix", prefix, "a path such as /openai (letters, digits, '.', '_', '~', '-')")
+        if prefix == "/admin" or prefix.startswith("/admin/") or prefix in _RESERVED:
+            _bad(f"{where}.prefix", prefix, "a prefix outside the reserved /admin, /healthz, /readyz, /metrics")
+        self._validate_adapter(where)
+        self.timeouts.validate(f"{where}.timeouts")
+        self.limits.validate(f"{where}.limits")
+        self.tls.validate(f"{where}.tls")
+        if self.proxy is not None and not re.fullmatch(r"https?://[^/\s?#]+/?", self.proxy):
+            _bad(f"{where}.proxy", self.proxy, "an http:// or https:// proxy URL such as http://proxy:3128, or null")
+        if self.http2 and self.engine != "httpx":
+            _bad(f"{where}.http2", True, "false, or engine: httpx (aiohttp speaks only HTTP/1.1)")
+        if self.http2 and self.proxy is not None:
+            _bad(f"{where}.http2", True, "false when a proxy is set (HTTP/2 upstreams are reached directly)")
+
+    def _validate_adapter(self, where: str) -> None:
+        # the registry's public functions, imported late only to keep check-config light
+        from . import adapters
+
+        if self.api not in adapters.names():
+            _bad(f"{where}.api", self.api, f"one of the adapters: {', '.join(adapters.names())}")
+        keys = adapters.field_keys(self.api)  # adapters driven by `fields:` paths say which they read
+        if keys is not None:
+            for key in sorted(set(self.fields) - keys):
+                _bad(f"{where}.fields.{key}", self.fields[key], f"a field of {self.api}: one of {', '.join(sorted(keys))}")
+
 
 @dataclass(frozen=True)
 class TasksConfig:
     header: str = "x-ragtoll-task-id"
     untracked: Literal["session", "per-call", "reject"] = "session"
     idle_timeout_s: float = 60.0
+
+    def validate(self, where: str) -> None:
+        if not _HEADER.fullmatch(self.header):
+            _bad(f"{where}.header", self.header, "an HTTP header name")
+        _positive_s(f"{where}.idle_timeout_s", self.idle_timeout_s, " (default 60)")
 
 
 @dataclass(frozen=True)
@@ -146,6 +298,11 @@ class Profile:
     def limits(self) -> dict[str, float]:
         return {d: v for d in DIMENSIONS if (v := getattr(self, d)) is not None}
 
+    def validate(self, where: str) -> None:
+        for dim, value in self.limits().items():
+            if not _finite(value) or value < 0:
+                _bad(f"{where}.{dim}", value, "a finite number >= 0 (omit the key for no limit)")
+
 
 @dataclass(frozen=True)
 class ProfileRule:
@@ -156,22 +313,34 @@ class ProfileRule:
     header: str | None = None
     equals: str | None = None
 
+    def validate(self, where: str) -> None:
+        """The rule's own shape; BudgetsConfig checks that `profile` names one of its profiles."""
+        if self.route is None and self.header is None:
+            _bad(where, "{}", "a rule with `route`, `header` + `equals`, or both")
+        if (self.header is None) != (self.equals is None):
+            # a header without `equals` would match every request that lacks the header
+            key, value = ("equals", self.equals) if self.header is None else ("header", self.header)
+            _bad(f"{where}.{key}", value, "`header` and `equals` together (the rule matches header == equals)")
+        if self.header is not None and not _HEADER.fullmatch(self.header):
+            _bad(f"{where}.header", self.header, "an HTTP header name")
+
+
+DEFAULT_PROFILES: FrozenMap[str, Profile] = FrozenMap({
+    "bounded": Profile(
+        max_steps=8, max_retrieval_calls=6, max_unique_queries=4, max_rerank_calls=3,
+        max_context_tokens=24000, max_latency_ms=30000, max_cost_usd=0.05, max_stalled_retrievals=2,
+    )
+})
+
 
 @dataclass(frozen=True)
 class BudgetsConfig:
     enabled: bool = True  # false: no budget stage at all (tracing-only proxy; the benchmark's baseline)
     mode: Literal["enforce", "shadow"] = "enforce"
     default_profile: str = "bounded"
-    classes: dict[str, str] = field(default_factory=dict)
-    profiles: dict[str, Profile] = field(
-        default_factory=lambda: {
-            "bounded": Profile(
-                max_steps=8, max_retrieval_calls=6, max_unique_queries=4, max_rerank_calls=3,
-                max_context_tokens=24000, max_latency_ms=30000, max_cost_usd=0.05, max_stalled_retrievals=2,
-            )
-        }
-    )
-    rules: list[ProfileRule] = field(default_factory=list)
+    classes: Mapping[str, str] = EMPTY  # query class -> profile
+    profiles: Mapping[str, Profile] = DEFAULT_PROFILES
+    rules: tuple[ProfileRule, ...] = ()
     reject_status: int = 429
     warn_fraction: float = 0.8
     default_max_output_tokens: int = 1024
@@ -183,20 +352,59 @@ class BudgetsConfig:
     records_keep: int = DEFAULT_RECORDS_KEEP  # JSONL sink: rotated files kept (.1 newest ... .N oldest)
     records_stream: str = "ragtoll:records"  # task records sink (Redis Stream) when the store is Redis
 
+    def __post_init__(self) -> None:
+        _freeze(self, "classes", "profiles", "rules")
+
+    def validate(self, where: str) -> None:
+        names = f"one of the profiles: {', '.join(sorted(self.profiles))}"
+        if self.default_profile not in self.profiles:
+            _bad(f"{where}.default_profile", self.default_profile, names)
+        for cls, prof in self.classes.items():
+            if prof not in self.profiles:
+                _bad(f"{where}.classes.{cls}", prof, names)
+        for i, rule in enumerate(self.rules):
+            if rule.profile not in self.profiles:
+                _bad(f"{where}.rules[{i}].profile", rule.profile, names)
+            rule.validate(f"{where}.rules[{i}]")
+        for name, profile in self.profiles.items():
+            profile.validate(f"{where}.profiles.{name}")
+        if not 400 <= self.reject_status <= 599:
+            _bad(f"{where}.reject_status", self.reject_status, "an HTTP error status between 400 and 599")
+        if not 0 < self.warn_fraction <= 1:
+            _bad(f"{where}.warn_fraction", self.warn_fraction, "a fraction in (0, 1]")
+        if self.default_max_output_tokens < 1:
+            _bad(f"{where}.default_max_output_tokens", self.default_max_output_tokens, "at least 1 (default 1024)")
+        if self.task_ttl_s < 60:
+            _bad(f"{where}.task_ttl_s", self.task_ttl_s, "at least 60 seconds")
+        if self.records_max_bytes < MIN_RECORDS_MAX_BYTES:
+            _bad(f"{where}.records_max_bytes", self.records_max_bytes,
+                 f"at least {MIN_RECORDS_MAX_BYTES} bytes (64 KiB); the default is {DEFAULT_RECORDS_MAX_BYTES} (16 MiB)")
+        if not 1 <= self.records_keep <= MAX_RECORDS_KEEP:
+            _bad(f"{where}.records_keep", self.records_keep,
+                 f"a number of rotated files from 1 to {MAX_RECORDS_KEEP} (default {DEFAULT_RECORDS_KEEP})")
+
 
 @dataclass(frozen=True)
 class PriceEntry:
+    """USD per million tokens, or per call; an absent (None) price falls back to the shipped table."""
+
     input_per_mtok: float | None = None
     cached_input_per_mtok: float | None = None
     output_per_mtok: float | None = None
     per_call: float | None = None
+
+    def validate(self, where: str) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None and (not _finite(value) or value < 0):
+                _bad(f"{where}.{f.name}", value, "a price in USD >= 0 (omit the key to keep the shipped price)")
 
 
 @dataclass(frozen=True)
 class CacheConfig:
     enabled: bool = True
     ttl_s: int = 3600
-    embedder: str = "none"
+    embedder: str = "none"  # none | local | upstream:<name> (Settings checks the name)
     acl_public: str = "public"
     # semantic tier: candidates at or above `similarity` are verified before any is served
     similarity: float = 0.85
@@ -210,7 +418,7 @@ class CacheConfig:
     max_partition_entries: int = 5_000  # vectors scanned per partition (Redis trims the oldest)
     max_body_bytes: int = 1024 * 1024  # larger responses are not cached
     exact_embeddings: bool = True  # exact caches of embeddings and rerank responses
-    sources: dict[str, str] = field(default_factory=dict)  # static source versions by route name
+    sources: Mapping[str, str] = EMPTY  # static source versions by route name
     version_field: str | None = None  # top-level response field holding the source version
     authz_url: str | None = None  # external check: POST {principal, chunk_ids} -> {allowed: [...]}
     authz_ttl_s: float = 30.0
@@ -219,17 +427,48 @@ class CacheConfig:
     audit_target: float = 0.95  # agreement below this raises the partition's threshold
     audit_step: float = 0.02
 
+    def __post_init__(self) -> None:
+        _freeze(self, "sources")
+
+    def validate(self, where: str) -> None:
+        if not 0 < self.similarity <= 1:
+            _bad(f"{where}.similarity", self.similarity, "a cosine similarity in (0, 1]")
+        if self.ttl_s < 1:
+            _bad(f"{where}.ttl_s", self.ttl_s, "at least 1 second")
+        for key in ("candidates", "max_entries", "max_bytes", "max_partition_entries", "max_body_bytes"):
+            if getattr(self, key) < 1:
+                _bad(f"{where}.{key}", getattr(self, key), "an integer >= 1")
+        if not _finite(self.min_top_margin) or self.min_top_margin < 0:
+            _bad(f"{where}.min_top_margin", self.min_top_margin,
+                 "a number >= 0 (0 turns the ranking check off; default 0.25)")
+        if not 0 <= self.audit_fraction <= 1:
+            _bad(f"{where}.audit_fraction", self.audit_fraction, "a fraction in [0, 1]")
+        if not 0 < self.audit_target <= 1:
+            _bad(f"{where}.audit_target", self.audit_target, "a fraction in (0, 1]")
+        if self.authz_url is not None and not self.authz_url.startswith(("http://", "https://")):
+            _bad(f"{where}.authz_url", self.authz_url, "an http:// or https:// URL")
+        _positive_s(f"{where}.authz_timeout_s", self.authz_timeout_s, " (default 0.5)")
+        if not self.acl_public:
+            _bad(f"{where}.acl_public", self.acl_public, "a non-empty marker such as public")
+
 
 @dataclass(frozen=True)
 class JwtConfig:
     secret_env: str = "RAGTOLL_JWT_SECRET"
     jwks_file: str | None = None
-    algorithms: list[str] = field(default_factory=lambda: ["HS256"])
+    algorithms: tuple[str, ...] = ("HS256",)  # one family; checked with the keys (cache/principal.py)
     audience: str | None = None
     issuer: str | None = None
     groups_claim: str = "groups"
     tenant_claim: str = "tenant"
     leeway_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        _freeze(self, "algorithms")
+
+    def validate(self, where: str) -> None:
+        if not _finite(self.leeway_s) or self.leeway_s < 0:
+            _bad(f"{where}.leeway_s", self.leeway_s, "seconds >= 0 of clock skew allowed (default 0)")
 
 
 @dataclass(frozen=True)
@@ -238,6 +477,11 @@ class HeaderIdentityConfig:
     groups: str = "x-auth-groups"
     tenant: str = "x-auth-tenant"
 
+    def validate(self, where: str) -> None:
+        for name in ("subject", "groups", "tenant"):
+            if not _HEADER.fullmatch(getattr(self, name)):
+                _bad(f"{where}.{name}", getattr(self, name), "an HTTP header name")
+
 
 @dataclass(frozen=True)
 class IdentityConfig:
@@ -245,12 +489,22 @@ class IdentityConfig:
     jwt: JwtConfig = JwtConfig()
     header: HeaderIdentityConfig = HeaderIdentityConfig()
 
+    def validate(self, where: str) -> None:
+        self.jwt.validate(f"{where}.jwt")
+        self.header.validate(f"{where}.header")
+
 
 @dataclass(frozen=True)
 class TelemetryConfig:
     capture_content: bool = False
     content_max_chars: int = 2048
     service_name: str = "ragtoll"
+
+    def validate(self, where: str) -> None:
+        if self.content_max_chars < 0:
+            _bad(f"{where}.content_max_chars", self.content_max_chars, "at least 0 (default 2048)")
+        if not self.service_name:
+            _bad(f"{where}.service_name", self.service_name, "a non-empty service name (default ragtoll)")
 
 
 @dataclass(frozen=True)
@@ -260,20 +514,75 @@ class Settings:
     store_timeout_ms: int = 250
     on_store_error: Literal["open", "closed"] = "open"
     admin: AdminConfig = AdminConfig()
-    upstreams: list[UpstreamConfig] = field(default_factory=list)
+    upstreams: tuple[UpstreamConfig, ...] = ()
     tasks: TasksConfig = TasksConfig()
     budgets: BudgetsConfig = BudgetsConfig()
-    pricing: dict[str, PriceEntry] = field(default_factory=dict)
+    pricing: Mapping[str, PriceEntry] = EMPTY  # model or route name (or `default`) -> price
     cache: CacheConfig = CacheConfig()
     identity: IdentityConfig = IdentityConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
 
+    def __post_init__(self) -> None:
+        _freeze(self, "upstreams", "pricing")
+
+    def validate(self) -> None:
+        """Every section's own rules, then the few that span sections: upstream names, prefixes
+        and origins shared between upstreams, and `cache.embedder` naming an upstream."""
+        names: set[str] = set()
+        prefixes: dict[str, str] = {}
+        origins: dict[str, tuple[str, UpstreamConfig]] = {}
+        for i, up in enumerate(self.upstreams):
+            where = f"upstreams[{i}]"
+            up.validate(where)
+            if up.name in names:
+                _bad(f"{where}.name", up.name, "a name not used by another upstream")
+            names.add(up.name)
+            prefix = up.route_prefix
+            for other, owner in prefixes.items():
+                if prefix == other or prefix.startswith(other + "/") or other.startswith(prefix + "/"):
+                    _bad(f"{where}.prefix", prefix, f"a prefix that does not overlap {other!r} of upstream {owner!r}")
+            prefixes[prefix] = up.name
+            _check_one_transport(where, up, origins)
+        self.budgets.validate("budgets")
+        for name, price in self.pricing.items():
+            price.validate(f"pricing.{name}")
+        if self.store_timeout_ms <= 0:
+            _bad("store_timeout_ms", self.store_timeout_ms, "a positive number of milliseconds (e.g. 250)")
+        if not re.match(r"^(memory|redis://|rediss://|redis\+cluster://|unix://)", self.store):
+            _bad("store", self.store, "memory, redis://host:6379/0, rediss://..., or redis+cluster://host:port")
+        self.server.validate("server")
+        self.admin.validate("admin")
+        self.cache.validate("cache")
+        emb = self.cache.embedder
+        if emb not in ("none", "local") and not (emb.startswith("upstream:") and emb[9:] in names):
+            _bad("cache.embedder", emb,
+                 f"none, local, or upstream:<name> with a configured upstream ({', '.join(sorted(names))})")
+        self.tasks.validate("tasks")
+        self.identity.validate("identity")
+        self.telemetry.validate("telemetry")
+
+
+def _check_one_transport(where: str, up: UpstreamConfig, seen: dict[str, tuple[str, UpstreamConfig]]) -> None:
+    """Upstreams that share an origin share its connections, so they must agree on how to reach it."""
+    origin = up.origin
+    if origin not in seen:
+        seen[origin] = (where, up)
+        return
+    other_where, other = seen[origin]
+    for name in ("engine", "tls", "http2", "proxy", "limits"):
+        if getattr(up, name) != getattr(other, name):
+            _bad(f"{where}.{name}", getattr(up, name),
+                 f"the same {name} as {other_where} ({other.name!r}), which has the same origin {origin}")
+
 
 # With no file and no RAGTOLL_UPSTREAM_* variables, this is the route the embedded default serves,
 # so `OPENAI_BASE_URL=http://127.0.0.1:8787/openai/v1` works out of the box.
-DEFAULT_UPSTREAMS: list[dict[str, Any]] = [
-    {"name": "openai", "kind": "llm", "api": "openai", "url": "https://api.openai.com", "prefix": "/openai"}
-]
+DEFAULT_UPSTREAMS: tuple[Mapping[str, str], ...] = (
+    FrozenMap({"name": "openai", "kind": "llm", "api": "openai", "url": "https://api.openai.com", "prefix": "/openai"}),
+)
+
+
+# --- entry points ----------------------------------------------------------------------------------
 
 
 def load(env: Mapping[str, str] | None = None, path: str | None = None) -> Settings:
@@ -302,160 +611,28 @@ def load(env: Mapping[str, str] | None = None, path: str | None = None) -> Setti
     _apply_env(raw, env)
     if not raw.get("upstreams"):
         raw["upstreams"] = [dict(u) for u in DEFAULT_UPSTREAMS]
-    settings = _build(Settings, raw, "")
-    validate(settings)
-    return settings
+    return parse(raw)
 
 
 def parse(raw: Mapping[str, Any]) -> Settings:
-    """Settings from an already-parsed mapping (tests, the demo), validated."""
-    settings = _build(Settings, dict(raw), "")
-    validate(settings)
+    """Settings from an already-parsed mapping (YAML, JSON, tests, the demo), validated."""
+    settings: Settings = _build(Settings, raw, "")
+    settings.validate()
     return settings
 
 
 def validate(settings: Settings) -> None:
-    """Cross-field rules the types cannot express."""
-    names: set[str] = set()
-    prefixes: dict[str, str] = {}
-    origins: dict[str, tuple[str, UpstreamConfig]] = {}
-    for i, up in enumerate(settings.upstreams):
-        where = f"upstreams[{i}]"
-        if not _NAME.match(up.name):
-            _bad(f"{where}.name", up.name, "lowercase letters, digits, '-' or '_', at most 63 characters")
-        if up.name in names:
-            _bad(f"{where}.name", up.name, "a name not used by another upstream")
-        names.add(up.name)
-        if not re.match(r"^https?://[^/\s?#]+(/[^\s?#]*)?$", up.url):
-            _bad(f"{where}.url", up.url, "an absolute http:// or https:// URL without query or fragment")
-        prefix = up.route_prefix
-        if not _PREFIX.match(prefix) or ".." in prefix.split("/"):
-            _bad(f"{where}.prefix", prefix, "a path such as /openai (letters, digits, '.', '_', '~', '-')")
-        if prefix == "/admin" or prefix.startswith("/admin/") or prefix in ("/healthz", "/readyz", "/metrics"):
-            _bad(f"{where}.prefix", prefix, "a prefix outside the reserved /admin, /healthz, /readyz, /metrics")
-        for other, owner in prefixes.items():
-            if prefix == other or prefix.startswith(other + "/") or other.startswith(prefix + "/"):
-                _bad(f"{where}.prefix", prefix, f"a prefix that does not overlap {other!r} of upstream {owner!r}")
-        prefixes[prefix] = up.name
-        _check_adapter(where, up)
-        _check_transport(where, up, origins)
-    b = settings.budgets
-    if b.default_profile not in b.profiles:
-        _bad("budgets.default_profile", b.default_profile, f"one of the profiles: {', '.join(sorted(b.profiles))}")
-    for cls, prof in b.classes.items():
-        if prof not in b.profiles:
-            _bad(f"budgets.classes.{cls}", prof, f"one of the profiles: {', '.join(sorted(b.profiles))}")
-    for i, rule in enumerate(b.rules):
-        if rule.profile not in b.profiles:
-            _bad(f"budgets.rules[{i}].profile", rule.profile, f"one of the profiles: {', '.join(sorted(b.profiles))}")
-        if rule.route is None and rule.header is None:
-            _bad(f"budgets.rules[{i}]", "{}", "a rule with `route`, `header` + `equals`, or both")
-    for name, prof in b.profiles.items():
-        for dim, value in prof.limits().items():
-            if not math.isfinite(value) or value < 0:
-                _bad(f"budgets.profiles.{name}.{dim}", value, "a finite number >= 0 (omit the key for no limit)")
-    if settings.store_timeout_ms <= 0:
-        _bad("store_timeout_ms", settings.store_timeout_ms, "a positive number of milliseconds (e.g. 250)")
-    for i, up in enumerate(settings.upstreams):
-        for name in ("connect", "read", "write", "pool"):
-            value = getattr(up.timeouts, name)
-            if not math.isfinite(value) or value <= 0:
-                _bad(f"upstreams[{i}].timeouts.{name}", value, "a positive number of seconds")
-    if not 400 <= b.reject_status <= 599:
-        _bad("budgets.reject_status", b.reject_status, "an HTTP error status between 400 and 599")
-    if b.task_ttl_s < 60:
-        _bad("budgets.task_ttl_s", b.task_ttl_s, "at least 60 seconds")
-    if not 0 < b.warn_fraction <= 1:
-        _bad("budgets.warn_fraction", b.warn_fraction, "a fraction in (0, 1]")
-    if b.records_max_bytes < MIN_RECORDS_MAX_BYTES:
-        _bad("budgets.records_max_bytes", b.records_max_bytes,
-             f"at least {MIN_RECORDS_MAX_BYTES} bytes (64 KiB); the default is {DEFAULT_RECORDS_MAX_BYTES} (16 MiB)")
-    if not 1 <= b.records_keep <= MAX_RECORDS_KEEP:
-        _bad("budgets.records_keep", b.records_keep,
-             f"a number of rotated files from 1 to {MAX_RECORDS_KEEP} (default {DEFAULT_RECORDS_KEEP})")
-    if not re.match(r"^(memory|redis://|rediss://|redis\+cluster://|unix://)", settings.store):
-        _bad("store", settings.store, "memory, redis://host:6379/0, rediss://..., or redis+cluster://host:port")
-    if not 1 <= settings.server.port <= 65535:
-        _bad("server.port", settings.server.port, "a TCP port between 1 and 65535")
-    _check_server(settings.server)
-    emb = settings.cache.embedder
-    if emb not in ("none", "local") and not (emb.startswith("upstream:") and emb[9:] in names):
-        _bad("cache.embedder", emb, f"none, local, or upstream:<name> with a configured upstream ({', '.join(sorted(names))})")
-    margin = settings.cache.min_top_margin
-    if not math.isfinite(margin) or margin < 0:
-        _bad("cache.min_top_margin", margin, "a number >= 0 (0 turns the ranking check off; default 0.25)")
-    if not re.match(r"^[a-z0-9-]+$", settings.tasks.header.lower()):
-        _bad("tasks.header", settings.tasks.header, "an HTTP header name")
-
-
-def _check_server(srv: ServerConfig) -> None:
-    if srv.max_body_bytes < 1024:
-        _bad("server.max_body_bytes", srv.max_body_bytes, "at least 1024")
-    # granian (hyper) takes the head timeout in whole milliseconds, 1 ms to 60 s
-    if not math.isfinite(srv.header_timeout_s) or not 0.001 <= srv.header_timeout_s <= 60:
-        _bad("server.header_timeout_s", srv.header_timeout_s, "seconds between 0.001 and 60 (default 10)")
-    if not math.isfinite(srv.body_timeout_s) or srv.body_timeout_s <= 0:
-        _bad("server.body_timeout_s", srv.body_timeout_s, "a positive number of seconds (default 30)")
-    if not math.isfinite(srv.shutdown_grace_s) or not 0 <= srv.shutdown_grace_s <= 3600:
-        _bad("server.shutdown_grace_s", srv.shutdown_grace_s, "seconds between 0 and 3600 (default 20)")
-    if srv.max_connections < 1:
-        _bad("server.max_connections", srv.max_connections, "at least 1 (default 1024)")
-    if srv.max_inspect_bytes < 64 * 1024:
-        _bad("server.max_inspect_bytes", srv.max_inspect_bytes, "at least 65536 (default 8388608)")
-    if not 1024 <= srv.max_event_bytes <= srv.max_inspect_bytes:
-        _bad("server.max_event_bytes", srv.max_event_bytes,
-             f"between 1024 and server.max_inspect_bytes ({srv.max_inspect_bytes}); default 1048576")
-
-
-def _check_transport(where: str, up: UpstreamConfig, seen: dict[str, tuple[str, UpstreamConfig]]) -> None:
-    """TLS files that exist, a proxy URL, and one transport per origin: upstreams that share an
-    origin share its connections, so they must agree on how to reach it."""
-    for name in ("ca_file", "cert_file", "key_file"):
-        path = getattr(up.tls, name)
-        if path is not None and not os.path.isfile(path):
-            _bad(f"{where}.tls.{name}", path, "the path of a readable PEM file")
-    if up.tls.key_file is not None and up.tls.cert_file is None:
-        _bad(f"{where}.tls.key_file", up.tls.key_file, "a key together with tls.cert_file (the client certificate)")
-    if not math.isfinite(up.limits.keepalive_s) or up.limits.keepalive_s <= 0:
-        _bad(f"{where}.limits.keepalive_s", up.limits.keepalive_s, "a positive number of seconds (default 15)")
-    if up.limits.max_connections < 1:
-        _bad(f"{where}.limits.max_connections", up.limits.max_connections, "at least 1 (default 200)")
-    if up.proxy is not None and not re.match(r"^https?://[^/\s?#]+/?$", up.proxy):
-        _bad(f"{where}.proxy", up.proxy, "an http:// or https:// proxy URL such as http://proxy:3128, or null")
-    if up.http2 and up.engine != "httpx":
-        _bad(f"{where}.http2", True, "false, or engine: httpx (aiohttp speaks only HTTP/1.1)")
-    if up.http2 and up.proxy is not None:
-        _bad(f"{where}.http2", True, "false when a proxy is set (HTTP/2 upstreams are reached directly)")
-    origin = up.origin
-    if origin in seen:
-        other_where, other = seen[origin]
-        for name in ("engine", "tls", "http2", "proxy", "limits"):
-            if getattr(up, name) != getattr(other, name):
-                _bad(f"{where}.{name}", getattr(up, name),
-                     f"the same {name} as {other_where} ({other.name!r}), which has the same origin {origin}")
-    else:
-        seen[origin] = (where, up)
-
-
-def _check_adapter(where: str, up: UpstreamConfig) -> None:
-    from . import adapters  # the registry's public functions; imported late only to keep check-config light
-
-    if up.api not in adapters.names():
-        _bad(f"{where}.api", up.api, f"one of the adapters: {', '.join(adapters.names())}")
-    keys = adapters.field_keys(up.api)  # adapters driven by `fields:` paths say which they read
-    if keys is not None:
-        for key in sorted(set(up.fields) - keys):
-            _bad(f"{where}.fields.{key}", up.fields[key], f"a field of {up.api}: one of {', '.join(sorted(keys))}")
-
-
-def _bad(key: str, value: Any, valid: str) -> typing.NoReturn:
-    raise ConfigError(f"Config '{key}' has value {value!r}. Expected {valid}.", key=key)
+    """Every section's rules and those across sections (`Settings.validate`)."""
+    settings.validate()
 
 
 def _kind(value: Any) -> str:
     return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}.get(
         type(value), type(value).__name__
     )
+
+
+# --- RAGTOLL_* variables over the file ---------------------------------------------------------------
 
 
 def _apply_env(raw: dict[str, Any], env: Mapping[str, str]) -> None:
@@ -511,23 +688,36 @@ def _scalar(value: str) -> Any:
 # --- a small typed builder: mapping -> frozen dataclass, with errors that name the key --------------
 
 
+_SCHEMAS: dict[type[Any], tuple[tuple[str, Any, bool], ...]] = {}
+
+
+def _schema(cls: type[Any]) -> tuple[tuple[str, Any, bool], ...]:
+    """(name, type, required) of each field, the string annotations resolved once per class."""
+    if cls not in _SCHEMAS:
+        hints = typing.get_type_hints(cls)
+        _SCHEMAS[cls] = tuple(
+            (f.name, hints[f.name], f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+            for f in dataclasses.fields(cls))
+    return _SCHEMAS[cls]
+
+
 def _build(cls: type[Any], raw: Any, path: str) -> Any:
-    if not isinstance(raw, dict):
+    if not isinstance(raw, Mapping):
         raise ConfigError(f"Config '{path or '<top>'}' has value {raw!r}. Expected a mapping.", key=path)
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
+    schema = _schema(cls)
     for key in raw:
-        if key not in known:
+        if not any(key == name for name, _, _ in schema):
+            known = sorted(name for name, _, _ in schema)
             where = f"{path}.{key}" if path else str(key)
             raise ConfigError(
-                f"Config '{where}' is not a known key. Expected one of: {', '.join(sorted(known))}.", key=where
+                f"Config '{where}' is not a known key. Expected one of: {', '.join(known)}.", key=where
             )
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        where = f"{path}.{f.name}" if path else f.name
-        if f.name in raw:
-            kwargs[f.name] = _coerce(hints[f.name], raw[f.name], where)
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+    for name, tp, required in schema:
+        where = f"{path}.{name}" if path else name
+        if name in raw:
+            kwargs[name] = _coerce(tp, raw[name], where)
+        elif required:
             raise ConfigError(f"Config '{where}' is required but missing.", key=where)
     return cls(**kwargs)
 
@@ -544,14 +734,14 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
         if value not in args:
             _bad(path, value, "one of: " + ", ".join(str(a) for a in args))
         return value
-    if origin is list:
-        if not isinstance(value, list):
+    if origin is tuple:  # tuple[X, ...]: a YAML or JSON list
+        if not isinstance(value, (list, tuple)):
             _bad(path, value, "a list")
-        return [_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
+        return tuple(_coerce(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is Mapping:
+        if not isinstance(value, Mapping):
             _bad(path, value, "a mapping")
-        return {str(k): _coerce(args[1], v, f"{path}.{k}") for k, v in value.items()}
+        return FrozenMap({str(k): _coerce(args[1], v, f"{path}.{k}") for k, v in value.items()})
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, path)  # type: ignore[arg-type]
     if tp is bool:
@@ -565,7 +755,10 @@ def _coerce(tp: Any, value: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             _bad(path, value, "a number")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer past 1.8e308
+            _bad(path, value, "a number (at most 1.8e308)")
     if tp is str:
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             _bad(path, value, "a string")

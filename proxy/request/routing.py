@@ -7,6 +7,7 @@ prefixes are refused, so no path walks from one prefix into another or into /adm
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -23,7 +24,7 @@ class Route:
 
 
 class Router:
-    def __init__(self, upstreams: list[UpstreamConfig]) -> None:
+    def __init__(self, upstreams: Sequence[UpstreamConfig]) -> None:
         routes = [Route(up, ADAPTERS[up.api](up), up.route_prefix) for up in upstreams]
         self.routes = sorted(routes, key=lambda r: len(r.prefix), reverse=True)
         self.prefixes = sorted(r.prefix for r in routes)

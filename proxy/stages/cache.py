@@ -30,7 +30,6 @@ from ..cache.partition import Partition, exact_key
 from ..cache.principal import Principal, PrincipalResolver
 from ..cache.versions import Versions
 from ..config import Settings, Timeouts, UpstreamConfig
-from ..errors import ConfigError
 from ..request.exchange import CacheOutcome, Exchange, Reply, Stage
 from ..request.forward import upstream_headers
 from ..request.upstream import UpstreamClient
@@ -53,7 +52,6 @@ class CacheStage(Stage):
                  meter_provider: Any = None) -> None:
         """`store`, `client`, `resolver` (who the caller is): the app's, made once."""
         cfg = settings.cache
-        _validate(settings)
         self.settings = settings
         self.cfg = cfg
         self._client = client
@@ -351,25 +349,3 @@ def metadata_words(results: Any, skip: set[str], limit: int = 200) -> list[str]:
             walk(r, 0)
     return sorted(out)
 
-
-def _validate(settings: Settings) -> None:
-    cfg = settings.cache
-
-    def bad(key: str, value: Any, valid: str) -> None:
-        raise ConfigError(f"Config 'cache.{key}' has value {value!r}. Expected {valid}.", key=f"cache.{key}")
-
-    if not 0 < cfg.similarity <= 1:
-        bad("similarity", cfg.similarity, "a cosine similarity in (0, 1]")
-    if cfg.ttl_s < 1:
-        bad("ttl_s", cfg.ttl_s, "at least 1 second")
-    for key in ("candidates", "max_entries", "max_bytes", "max_partition_entries", "max_body_bytes"):
-        if getattr(cfg, key) < 1:
-            bad(key, getattr(cfg, key), "an integer >= 1")
-    if not 0 <= cfg.audit_fraction <= 1:
-        bad("audit_fraction", cfg.audit_fraction, "a fraction in [0, 1]")
-    if not 0 < cfg.audit_target <= 1:
-        bad("audit_target", cfg.audit_target, "a fraction in (0, 1]")
-    if cfg.authz_url is not None and not cfg.authz_url.startswith(("http://", "https://")):
-        bad("authz_url", cfg.authz_url, "an http:// or https:// URL")
-    if not cfg.acl_public:
-        bad("acl_public", cfg.acl_public, "a non-empty marker such as public")

@@ -175,9 +175,9 @@ def leaf(tp: Any) -> st.SearchStrategy[Any]:
         good = st.floats() | st.integers(-10, 10**6)
     elif "int" in text:
         good = st.integers(-10, 70_000)
-    elif "list" in text:
+    elif "tuple" in text:
         good = st.lists(st.sampled_from(["HS256", "RS256", "none", "x"]), max_size=3)
-    elif "dict" in text:
+    elif "Mapping" in text:
         good = st.dictionaries(st.sampled_from(["a", "p", "docs"]), st.sampled_from(["p", "v1", "x", ""]), max_size=2)
     else:
         good = st.sampled_from(["memory", "redis://127.0.0.1:1/0", "redis+cluster://h:1", "http://127.0.0.1:1",

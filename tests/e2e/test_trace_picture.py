@@ -11,17 +11,14 @@ import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from conftest import Upstream
-from ragtoll.instrumentation import semconv as sc
 from ragtoll.instrumentation import setup
 from ragtoll.instrumentation.render_trace import render_tree
-from ragtoll.instrumentation.task_span import emit_task_span
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
-from ragtoll.proxy.request.identify import derived_span_id, derived_trace_id
+from ragtoll.proxy.request.identify import derived_trace_id
 from support.otlp import OtlpReceiver
 from support.servers import serve_in_thread
 
@@ -64,13 +61,7 @@ def export_task_trace(upstream: Upstream) -> list[dict]:
             done = subprocess.run([instrument, sys.executable, str(AGENT)], env=env, capture_output=True,
                                   text=True, timeout=120, check=False)
             assert done.returncode == 0, done.stderr
-        tp.force_flush()
-        # the task ends: its summary span, built from the calls' own attributes
-        calls = [s for s in receiver.spans if s["attributes"].get(sc.TASK_ID) == TASK]
-        emit_task_span(tp, TASK, derived_trace_id(TASK), derived_span_id(TASK),
-                       min(s["start"] for s in calls), time.time_ns(),
-                       {sc.TASK_SOURCE: "baggage", sc.TASK_CALLS: len(calls), sc.PROFILE: "tight",
-                        sc.COST_USD: round(sum(s["attributes"].get(sc.COST_USD, 0.0) for s in calls), 9)})
+        # ragtoll stops: the task it holds ends, and its summary span is the trace's root
         tp.shutdown()
     trace_id = f"{derived_trace_id(TASK):032x}"
     return [s for s in receiver.spans if s["trace_id"] == trace_id]

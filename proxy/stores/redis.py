@@ -48,9 +48,10 @@ def task_keys(task_id: str) -> tuple[str, str, str]:
 
 
 CLUSTER_SCHEME = "redis+cluster://"
-# Tasks a stopping replica leaves to the others (task id -> last call, ms): one key outside every
-# task's hash tag, read and written by plain commands, never inside a script (so Cluster-safe).
-HANDOVER_KEY = "ragtoll:handover"
+# Tasks a stopping replica leaves to the others (task id -> last call, ms): one key per deployment
+# (named after its records stream, which its replicas share), outside every task's hash tag, read
+# and written by plain commands, never inside a script (so Cluster-safe).
+HANDOVER_PREFIX = "ragtoll:handover:"
 # Connections beyond the budget store's in-flight bound: the evidence cache shares the client.
 SHARED_CONNECTIONS = 64
 
@@ -89,6 +90,8 @@ class RedisStore:
         self.ttl_s = ttl_s
         self.records_stream = records_stream
         self.records_maxlen = records_maxlen
+        self._handover = HANDOVER_PREFIX + records_stream
+        self._handed_over: set[str] = set()  # tasks read from the handover set, to remove once ended
         self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._cluster = seed_url(url)[1]
         self._ready = not self._cluster
@@ -185,21 +188,28 @@ class RedisStore:
             self._local[task_id] = int(out[1])  # another replica served it since: check again later
             return None
         self._local.pop(task_id, None)
-        await self.client.zrem(HANDOVER_KEY, task_id)  # ended (or gone): no one needs to sweep it again
+        if task_id in self._handed_over:  # ended (or gone): no one sweeps it again
+            self._handed_over.discard(task_id)
+            await self.client.zrem(self._handover, task_id)
         return _ledger(task_id, out[1:]) if status == "ended" else None
 
     async def idle_tasks(self, idle_before_ms: int) -> list[str]:
         mine = [t for t, last in self._local.items() if last < idle_before_ms]
-        # tasks a stopped replica left behind (hand_over), idle as of the last call it saw
-        left = await self.client.zrangebyscore(HANDOVER_KEY, "-inf", f"({idle_before_ms}", start=0,
-                                               num=MAX_LOCAL_TASKS)
-        return mine + [t.decode() for t in left if t.decode() not in self._local]
+        # tasks a stopped replica left behind (hand_over), idle as of the last call it saw; the
+        # key's node may be down (Cluster): the tasks of the healthy nodes still end
+        try:
+            left = [t.decode() for t in await self.client.zrangebyscore(
+                self._handover, "-inf", f"({idle_before_ms}", start=0, num=MAX_LOCAL_TASKS)]
+        except Exception:  # noqa: BLE001 - read again on the next sweep
+            left = []
+        self._handed_over |= set(left)
+        return mine + [t for t in left if t not in self._local]
 
     async def hand_over(self) -> int:
         if not self._local:
             return 0
-        await self.client.zadd(HANDOVER_KEY, dict(self._local))
-        await self.client.expire(HANDOVER_KEY, self.ttl_s)
+        await self.client.zadd(self._handover, dict(self._local))
+        await self.client.expire(self._handover, self.ttl_s)
         n = len(self._local)
         self._local.clear()
         return n

@@ -31,15 +31,13 @@ def test_named_task_span_takes_the_virtual_root_id(proxy: ProxyFactory, telemetr
         for _ in range(2):
             httpx.post(f"{base}/openai/v1/chat/completions", json={"model": "m", "messages": []},
                        headers={"x-ragtoll-task-id": "ticket-42"})
-    emitted = emit_task_span(telemetry.tracer_provider, "ticket-42", derived_trace_id("ticket-42"),
-                             derived_span_id("ticket-42"), start, time.time_ns(),
-                             {sc.TASK_SOURCE: "header", sc.COST_USD: 0.001, sc.TASK_CALLS: 2})
+    # ragtoll stopped: the task it held ended with its summary span (emit_task_span, from the record)
     (task,) = telemetry.by_name("ragtoll.task")
-    assert task.context.span_id == emitted.span_id == derived_span_id("ticket-42")
+    assert task.context.span_id == derived_span_id("ticket-42")
     assert task.context.trace_id == derived_trace_id("ticket-42")
     assert task.parent is None  # the root of the task's trace
     assert task.attributes["ragtoll.task.id"] == "ticket-42" and task.attributes["ragtoll.task.calls"] == 2
-    assert task.start_time == start
+    assert start - 10**6 <= task.start_time <= time.time_ns()  # the record's start, in milliseconds
     servers = [s for s in telemetry.spans() if s.kind == SpanKind.SERVER]
     assert len(servers) == 2
     assert {s.parent.span_id for s in servers} == {task.context.span_id}
@@ -98,14 +96,11 @@ def test_task_tree_is_complete_in_the_otlp_export(upstream: Upstream) -> None:
     with serve_in_thread(receiver) as otlp:
         tp = setup.tracer_provider({"OTEL_EXPORTER_OTLP_ENDPOINT": otlp, "OTEL_SERVICE_NAME": "ragtoll"})
         settings = config.parse({"upstreams": default_upstreams(upstream.url)})
-        start = time.time_ns()
         with serve_in_thread(build_app(settings, tracer_provider=tp)) as base:
             for path in ("/openai/v1/chat/completions", "/docs/search"):
                 httpx.post(f"{base}{path}", json={"model": "gpt-4o", "messages": [], "query": "q"},
                            headers={"x-ragtoll-task-id": "ticket-7"})
-        emit_task_span(tp, "ticket-7", derived_trace_id("ticket-7"), derived_span_id("ticket-7"),
-                       start, time.time_ns(), {sc.TASK_SOURCE: "header"})
-        tp.force_flush()
+        # ragtoll has stopped: the task it held ended, and its summary span went out with the rest
         tp.shutdown()
     spans = receiver.spans
     by_id = {s["span_id"]: s for s in spans}

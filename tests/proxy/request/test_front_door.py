@@ -20,6 +20,7 @@ import httpx
 import orjson
 import pytest
 from support.hostile import BOMB_INFLATED, STREAM_BYTES, HostileUpstream, gzip_bomb, normal_stream
+from support.poll import wait_until
 from support.process import RagtollProcess
 from support.servers import serve_in_thread
 
@@ -251,7 +252,7 @@ def test_a_connection_past_max_connections_waits_for_a_free_one(upstream: Any, t
                 for i in range(3)]
         for t in slow:
             t.start()
-        time.sleep(0.5)  # the three connections are taken
+        assert wait_until(lambda: upstream.app.state.calls["/slow"] == 3)  # the three connections are taken
         call("healthz", "/healthz", {})
         for t in slow:
             t.join()

@@ -70,6 +70,7 @@ async def burst(bases: list[str], path: str, body: dict[str, Any], task_id: str,
             for i in range(N)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["redis", "cluster"])
 def test_counts_hold_exactly_across_replicas(kind: str, upstream: Upstream, redis_url: str,
                                              request: pytest.FixtureRequest, tmp_path: Any) -> None:

@@ -45,6 +45,7 @@ def test_openai_sdk_streaming_collects_all_chunks(proxy: ProxyFactory) -> None:
     assert "".join(parts) == "Hello there."
 
 
+@pytest.mark.slow
 def test_sse_reaches_client_before_upstream_finishes(proxy: ProxyFactory) -> None:
     body = {"model": "gpt-4o-mini", "stream": True, "messages": []}
     with proxy() as base, httpx.Client() as http:

@@ -213,6 +213,7 @@ def legend_problems(dashboard: dict[str, Any], exported: Exported) -> list[str]:
             for name in re.findall(r"\{\{\s*(\w+)\s*\}\}", t.get("legendFormat", "")) if name not in known]
 
 
+@pytest.mark.slow
 def test_the_scrape_is_a_real_one(exported: Exported) -> None:
     # The fixture produced what the checks below rely on; otherwise they would check little.
     assert {"ragtoll_calls_total", "ragtoll_rejections_total", "ragtoll_cost_USD_total",
@@ -223,6 +224,7 @@ def test_the_scrape_is_a_real_one(exported: Exported) -> None:
         exported.series["gen_ai_client_operation_duration_seconds_count"]["error_type"]
 
 
+@pytest.mark.slow
 def test_every_dashboard_and_rule_query_names_what_ragtoll_exports(exported: Exported) -> None:
     dashboard, rule = rendered(all_enabled())
     queries = dashboard_queries(dashboard) + rule_queries(rule)
@@ -231,6 +233,7 @@ def test_every_dashboard_and_rule_query_names_what_ragtoll_exports(exported: Exp
     assert problems + legend_problems(dashboard, exported) == []
 
 
+@pytest.mark.slow
 def test_the_check_catches_a_query_ragtoll_does_not_answer(exported: Exported) -> None:
     # Not a rubber stamp: a misspelt metric, a label the metric lacks, a value it never has, bad PromQL.
     assert problems_of("q", "sum(rate(ragtoll_cost_usd_total[5m]))", exported) == [

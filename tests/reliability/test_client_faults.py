@@ -82,6 +82,7 @@ def test_client_gone_mid_stream_closes_upstream_and_settles(proxy: ProxyFactory,
     assert after["in_flight"] == 0 and after["used"]["completion_tokens"] < CHAT["max_tokens"]
 
 
+@pytest.mark.slow
 def test_many_vanishing_clients_leak_no_descriptors_or_reservations(proxy: ProxyFactory, faulty: FaultyUpstream,
                                                                     telemetry: Telemetry) -> None:
     task = new_task()
@@ -109,6 +110,7 @@ def test_many_vanishing_clients_leak_no_descriptors_or_reservations(proxy: Proxy
     assert after <= fds + 4  # this process holds proxy, upstream and clients: none kept the dead sockets
 
 
+@pytest.mark.slow
 def test_slow_reader_holds_the_upstream_back(proxy: ProxyFactory) -> None:
     with FaultyUpstream(big_bytes=96 * 1024 * 1024) as big:
         size = big.big_bytes

@@ -54,6 +54,7 @@ def chat(http: httpx.Client, base: str, task: str) -> httpx.Response:
     return http.post(f"{base}/openai/v1/chat/completions", json=CHAT, headers={"x-ragtoll-task-id": task})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["open", "closed"])
 def test_a_dead_master_degrades_only_its_own_tasks(proxy: ProxyFactory, upstream: Upstream,
                                                   telemetry: Telemetry, cluster: list[RedisProcess],
@@ -102,6 +103,7 @@ def test_a_dead_master_degrades_only_its_own_tasks(proxy: ProxyFactory, upstream
     assert forwarded == (admitted + len(dead) * ROUNDS if mode == "open" else admitted)
 
 
+@pytest.mark.slow
 async def test_failure_domain_is_the_node_that_owns_the_task_slot(cluster: list[RedisProcess]) -> None:
     by_master = tasks_on_masters(PER_NODE, MASTERS, prefix="node")
     store = RedisStore(f"redis+cluster://127.0.0.1:{cluster[0].port}")
@@ -122,6 +124,7 @@ async def test_failure_domain_is_the_node_that_owns_the_task_slot(cluster: list[
     assert MemoryStore().failure_domain("a") == MemoryStore().failure_domain("b")
 
 
+@pytest.mark.slow
 def test_idle_tasks_on_healthy_masters_still_end(proxy: ProxyFactory, cluster: list[RedisProcess],
                                                  telemetry: Telemetry) -> None:
     """The idle sweep ends every task it can reach: one on the dead master does not stop the rest."""

@@ -40,6 +40,7 @@ def lost(answers: list[Answer]) -> int:
     return sum(1 for a in answers if a.status == 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["redis", "memory"])
 def test_killed_and_restarted_mid_load(tmp_path: Path, faulty: FaultyUpstream, redis_url: str, store: str) -> None:
     url = redis_url.rsplit("/", 1)[0] + "/10" if store == "redis" else "memory"

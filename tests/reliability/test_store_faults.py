@@ -73,6 +73,7 @@ def load_until_recovered(base: str, tasks: list[str], answers: list[Answer], sea
         answers += run_load(base, tasks, 0.5, [], search=search)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["kill", "pause"])
 def test_open_store_outage_under_load_fails_no_call(proxy: ProxyFactory, faulty: FaultyUpstream, telemetry: Telemetry,
                                                     fault: str) -> None:
@@ -106,6 +107,7 @@ def test_open_store_outage_under_load_fails_no_call(proxy: ProxyFactory, faulty:
     assert sum(ledgers[t]["used"]["cache_hits"] for t in tasks) > 0  # the evidence cache served repeats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["kill", "pause"])
 def test_closed_store_outage_is_a_prompt_503(proxy: ProxyFactory, faulty: FaultyUpstream, fault: str) -> None:
     server = start_redis()
@@ -173,6 +175,7 @@ def _wait(predicate: Any, what: str, timeout: float = 30) -> None:
         raise RuntimeError(what)
 
 
+@pytest.mark.slow
 def test_cluster_master_failover_under_load(proxy: ProxyFactory, faulty: FaultyUpstream, telemetry: Telemetry) -> None:
     masters, replicas = start_replicated_cluster()
     # tasks on every master's slots, so some are on the one that fails

@@ -5,7 +5,8 @@ stage whose on_request ran gets exactly one on_end, in reverse order.
 The Pipeline is driven directly, with ASGI receive/send of our own: probe stages can only be put
 in a Pipeline (the app builds its fixed stage list), and receive/send are the pipeline's whole
 interface (the answers here are one message each, so nothing is hidden by not streaming). The
-upstream is the real loopback one, so "went upstream" is counted where it arrived.
+upstream is the real loopback one, so "went upstream" is counted where it arrived. Last, what
+the app's own stages see of a local answer (a cache hit), over loopback.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx
 import orjson
 import pytest
-from conftest import Telemetry, Upstream, default_upstreams
+from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy import config
 from ragtoll.proxy.errors import BudgetExceeded
@@ -26,6 +28,8 @@ from ragtoll.proxy.request.identify import Identifier
 from ragtoll.proxy.request.pipeline import Pipeline
 from ragtoll.proxy.request.routing import Router
 from ragtoll.proxy.request.upstream import UpstreamClient
+from support.poll import wait_until
+from support.spans import call_spans
 
 CHAT = orjson.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})
 LOCAL = Reply(200, b'{"local": true}')
@@ -152,3 +156,39 @@ async def test_a_failing_on_end_does_not_skip_the_others_or_fail_the_call(client
     assert span.attributes[sc.OUTCOME] == "ok"
     assert [e.attributes["exception.message"] for e in span.events if e.name == "exception"] == \
         ["b bookkeeping failed"]
+
+
+# --- what the stages see of a local answer: the whole app on loopback, with its own stages -----------
+
+def retrieve_then_ask(proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry) -> tuple[httpx.Response, Any]:
+    """Task a retrieves (a miss: filed); task b asks the same (a hit: a local answer), then sends a
+    chunk of it in a prompt. Returns b's retrieval answer and b's chat span."""
+    routes = [{"name": "openai", "kind": "llm", "api": "openai", "url": upstream.url, "prefix": "/openai"},
+              {"name": "docs", "kind": "retrieval", "api": "json", "url": upstream.url, "prefix": "/docs"}]
+    query = {"query": "refund window for annual plans", "top_k": 3}
+    with proxy(upstreams=routes) as base, httpx.Client(timeout=10) as http:
+        fetched = http.post(f"{base}/docs/search", json=query, headers={"x-ragtoll-task-id": "a"})
+        assert wait_until(lambda: len(telemetry.by_name("retrieval docs")) == 1)  # a's evidence is filed
+        hit = http.post(f"{base}/docs/search", json=query, headers={"x-ragtoll-task-id": "b"})
+        chunk = hit.json()["results"][0]["text"]
+        http.post(f"{base}/openai/v1/chat/completions", headers={"x-ragtoll-task-id": "b"},
+                  json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"Context: {chunk}"}]})
+        spans = call_spans(telemetry, 3)
+    assert "x-ragtoll-evidence" in fetched.headers and hit.headers["x-ragtoll-cache"] == "hit; tier=exact"
+    return hit, next(s for s in spans if s.name.startswith("chat"))
+
+
+@pytest.mark.xfail(strict=True, reason="bug: a local answer is never read by the route's adapter (the pipeline "
+                   "sends the Reply as it is), so a cache hit, a retrieval answer, carries no x-ragtoll-evidence")
+def test_a_cache_hit_carries_x_ragtoll_evidence(proxy: ProxyFactory, upstream: Upstream,
+                                                telemetry: Telemetry) -> None:
+    hit, _ = retrieve_then_ask(proxy, upstream, telemetry)
+    assert hit.headers["x-ragtoll-evidence"].startswith("n=3, new=3")
+
+
+@pytest.mark.xfail(strict=True, reason="bug: the observation of a local answer stays empty, so evidence a task "
+                   "got from the cache is not the task's evidence: its prompts' evidence tokens are not counted")
+def test_evidence_from_a_cache_hit_counts_in_later_prompts(proxy: ProxyFactory, upstream: Upstream,
+                                                           telemetry: Telemetry) -> None:
+    _, chat = retrieve_then_ask(proxy, upstream, telemetry)
+    assert chat.attributes[sc.EVIDENCE_PROMPT_TOKENS] > 0

@@ -1,4 +1,5 @@
-"""Shared fixtures: a loopback fake upstream, ragtoll served on loopback, OTel in-memory, real Redis."""
+"""Shared fixtures: a loopback fake upstream (and a faulty one), ragtoll served on loopback, OTel in-memory,
+real Redis, the admin token."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
+from support.admin import ADMIN_TOKEN
+from support.faulty import FaultyUpstream
 from support.redis_server import env_redis_url, start_redis, stop_all
 from support.servers import serve_in_thread
 from support.upstream import UpstreamApp
@@ -31,6 +34,20 @@ def upstream() -> Iterator[Upstream]:
     app = UpstreamApp()
     with serve_in_thread(app) as url:
         yield Upstream(url, app)
+
+
+@pytest.fixture(scope="module")
+def faulty() -> Iterator[FaultyUpstream]:
+    """An upstream that misbehaves as each request's `x-fault` header asks (support/faulty.py)."""
+    with FaultyUpstream() as up:
+        yield up
+
+
+@pytest.fixture
+def admin_token(monkeypatch: pytest.MonkeyPatch) -> str:
+    """The admin API's token, set where the proxy under test reads it (RAGTOLL_ADMIN_TOKEN)."""
+    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", ADMIN_TOKEN)
+    return ADMIN_TOKEN
 
 
 @pytest.fixture(autouse=True)

@@ -6,20 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import yaml
 from conftest import Upstream
 from support.budget_cluster import start_budget_cluster
+from support.process import RagtollProcess
 from support.redis_server import stop_all
-from support.servers import free_port
 from test_budgets import TOKEN, task
 
 N = 128
@@ -37,7 +32,7 @@ def cluster_url() -> Iterator[str]:
 
 @contextlib.contextmanager
 def replicas(upstream_url: str, store: str, tmp_path: Any) -> Iterator[list[str]]:
-    """REPLICAS `python -m ragtoll.proxy serve` processes from one YAML config; yields their base URLs."""
+    """REPLICAS `ragtoll serve` processes of one config; yields their base URLs."""
     cfg = {
         "store": store, "store_timeout_ms": 3000, "on_store_error": "closed",
         "upstreams": [
@@ -52,43 +47,17 @@ def replicas(upstream_url: str, store: str, tmp_path: Any) -> Iterator[list[str]
             "cost": {"max_cost_usd": 0.003},
         }},
     }
-    path = tmp_path / "ragtoll.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "RAGTOLL_ADMIN_TOKEN": TOKEN, "OTEL_SDK_DISABLED": "true"}
-    procs: list[subprocess.Popen[bytes]] = []
-    bases: list[str] = []
+    procs = [RagtollProcess(tmp_path, cfg, env={"RAGTOLL_ADMIN_TOKEN": TOKEN}, ready="/readyz")
+             for _ in range(REPLICAS)]
     try:
-        for _ in range(REPLICAS):
-            port = free_port()
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "ragtoll.proxy", "serve", "--config", str(path), "--port", str(port)],
-                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-            bases.append(f"http://127.0.0.1:{port}")
-        deadline = time.monotonic() + 60
-        for proc, base in zip(procs, bases, strict=True):
-            while True:
-                if proc.poll() is not None:
-                    raise RuntimeError(f"ragtoll exited: {proc.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-                try:
-                    if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"ragtoll at {base} did not become ready")
-                time.sleep(0.1)
-        yield bases
+        for proc in procs:  # side by side, then each until its store answers
+            proc.launch()
+        for proc in procs:
+            proc.wait_ready(60)
+        yield [proc.base for proc in procs]
     finally:
         for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            if proc.stderr is not None:
-                proc.stderr.close()
+            proc.stop()
 
 
 async def burst(bases: list[str], path: str, body: dict[str, Any], task_id: str,
@@ -101,6 +70,7 @@ async def burst(bases: list[str], path: str, body: dict[str, Any], task_id: str,
             for i in range(N)])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["redis", "cluster"])
 def test_counts_hold_exactly_across_replicas(kind: str, upstream: Upstream, redis_url: str,
                                              request: pytest.FixtureRequest, tmp_path: Any) -> None:

@@ -378,6 +378,7 @@ def test_cache_control_from_the_caller(cache_proxy: Any, retriever: Any, telemet
     assert [a.get(sc.CACHE_REASON) for a in cache_attrs(telemetry)][1] == "no-cache"
 
 
+@pytest.mark.slow
 def test_audits_on_one_replica_raise_the_threshold_the_other_applies(cache_proxy: Any, retriever: Any,
                                                                      telemetry: Any, redis_url: str) -> None:
     """Two ragtoll instances on one Redis: the self-audit of one raises the partition's threshold for both."""

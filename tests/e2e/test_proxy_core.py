@@ -11,6 +11,7 @@ import openai
 import orjson
 import pytest
 from conftest import ProxyFactory, Telemetry, Upstream
+from support.poll import wait_until
 
 
 def test_openai_sdk_sync_chat_passes_through(proxy: ProxyFactory, upstream: Upstream) -> None:
@@ -44,6 +45,7 @@ def test_openai_sdk_streaming_collects_all_chunks(proxy: ProxyFactory) -> None:
     assert "".join(parts) == "Hello there."
 
 
+@pytest.mark.slow
 def test_sse_reaches_client_before_upstream_finishes(proxy: ProxyFactory) -> None:
     body = {"model": "gpt-4o-mini", "stream": True, "messages": []}
     with proxy() as base, httpx.Client() as http:
@@ -158,24 +160,20 @@ def test_client_disconnect_mid_stream_closes_upstream(proxy: ProxyFactory, upstr
         ) as resp:
             next(iter(resp.iter_raw()))
         # the client is gone; the stalled upstream stream must be closed by ragtoll promptly
-        deadline = time.monotonic() + 5
-        while upstream.app.state.stream_closed_early == 0 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: upstream.app.state.stream_closed_early > 0)
     assert upstream.app.state.stream_closed_early == 1
     call = telemetry.by_name("chat gpt-4o-mini")[0]
     assert call.attributes["ragtoll.outcome"] == "client_disconnect"
 
 
-def test_client_disconnect_while_waiting_for_headers_cancels_upstream(proxy: ProxyFactory,
+def test_client_disconnect_while_waiting_for_headers_cancels_upstream(proxy: ProxyFactory, upstream: Upstream,
                                                                      telemetry: Telemetry) -> None:
     with proxy() as base:
         host, port = base.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port))) as sock:
             sock.sendall(b"GET /raw/slow HTTP/1.1\r\nHost: x\r\nx-test-delay: 30\r\n\r\n")
-            time.sleep(0.3)
-        deadline = time.monotonic() + 5
-        while not telemetry.by_name("other raw") and time.monotonic() < deadline:
-            time.sleep(0.05)
+            assert wait_until(lambda: upstream.app.state.calls["/slow"] == 1)  # the upstream is working on it
+        wait_until(lambda: telemetry.by_name("other raw"))
     call = telemetry.by_name("other raw")[0]
     assert call.attributes["ragtoll.outcome"] == "client_disconnect"
 

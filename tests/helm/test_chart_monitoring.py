@@ -30,6 +30,7 @@ import pytest
 import yaml
 from helm_render import ci_values, documents, find, lint, notes, prometheus_rule_validator, render, validate
 from prometheus_client.parser import text_string_to_metric_families
+from support.poll import wait_until
 from support.servers import free_port, serve_in_thread
 from support.upstream import UpstreamApp
 
@@ -59,9 +60,16 @@ class Exported:
         return {key for labels in self.series.values() for key in labels}
 
 
+def ended_tasks(text: str) -> int:
+    """How many tasks ended, as /metrics counts them (the task cost histogram's observations)."""
+    return int(sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                   if sample.name.startswith("ragtoll_task_cost") and sample.name.endswith("_count")))
+
+
 def _serve_and_scrape(config: dict[str, Any], calls: list[tuple[str, dict[str, Any], str]], tmp: Path,
-                      settle_s: float = 0.0) -> str:
-    """Run `ragtoll serve` with `config`, make `calls` (path, JSON body, task id), return /metrics."""
+                      ended: int = 0) -> str:
+    """Run `ragtoll serve` with `config`, make `calls` (path, JSON body, task id), return /metrics
+    once `ended` tasks have ended (idle tasks end within the sweep interval)."""
     port = free_port()
     path = tmp / f"ragtoll-{port}.yaml"
     path.write_text(yaml.safe_dump({**config, "server": {"port": port}}))
@@ -83,7 +91,7 @@ def _serve_and_scrape(config: dict[str, Any], calls: list[tuple[str, dict[str, A
                 time.sleep(0.05)
             statuses = [http.post(base + p, json=body, headers={"x-ragtoll-task-id": task}).status_code
                         for p, body, task in calls]
-            time.sleep(settle_s)  # idle tasks end (task metrics) within the sweep interval
+            wait_until(lambda: ended_tasks(http.get(f"{base}/metrics").text) >= ended, timeout=15, interval=0.1)
             text = http.get(f"{base}/metrics").text
     finally:
         proc.terminate()
@@ -112,7 +120,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
         calls = [("/openai/v1/chat/completions", CHAT, "t1"), ("/openai/v1/chat/completions", CHAT, "t1"),
                  ("/docs/search", search, "t2"), ("/docs/search", search, "t2"),
                  ("/down/v1/chat/completions", CHAT, "t3")]
-        out.add(_serve_and_scrape(working, calls, tmp, settle_s=1.0))
+        out.add(_serve_and_scrape(working, calls, tmp, ended=3))
         store_down = {
             "store": f"redis://127.0.0.1:{free_port()}/0", "on_store_error": "closed", "store_timeout_ms": 100,
             "upstreams": [{"name": "openai", "kind": "llm", "api": "openai", "url": up, "prefix": "/openai"}],
@@ -205,6 +213,7 @@ def legend_problems(dashboard: dict[str, Any], exported: Exported) -> list[str]:
             for name in re.findall(r"\{\{\s*(\w+)\s*\}\}", t.get("legendFormat", "")) if name not in known]
 
 
+@pytest.mark.slow
 def test_the_scrape_is_a_real_one(exported: Exported) -> None:
     # The fixture produced what the checks below rely on; otherwise they would check little.
     assert {"ragtoll_calls_total", "ragtoll_rejections_total", "ragtoll_cost_USD_total",
@@ -215,6 +224,7 @@ def test_the_scrape_is_a_real_one(exported: Exported) -> None:
         exported.series["gen_ai_client_operation_duration_seconds_count"]["error_type"]
 
 
+@pytest.mark.slow
 def test_every_dashboard_and_rule_query_names_what_ragtoll_exports(exported: Exported) -> None:
     dashboard, rule = rendered(all_enabled())
     queries = dashboard_queries(dashboard) + rule_queries(rule)
@@ -223,6 +233,7 @@ def test_every_dashboard_and_rule_query_names_what_ragtoll_exports(exported: Exp
     assert problems + legend_problems(dashboard, exported) == []
 
 
+@pytest.mark.slow
 def test_the_check_catches_a_query_ragtoll_does_not_answer(exported: Exported) -> None:
     # Not a rubber stamp: a misspelt metric, a label the metric lacks, a value it never has, bad PromQL.
     assert problems_of("q", "sum(rate(ragtoll_cost_usd_total[5m]))", exported) == [

@@ -17,9 +17,9 @@ from conftest import ProxyFactory
 from hypothesis import HealthCheck, settings
 from ragtoll.proxy.tasks.admin import OPENAPI
 from schemathesis.checks import unsupported_method
+from support.admin import ADMIN_HEADERS
 from support.faulty import FaultyUpstream
 
-TOKEN = "reliability-admin-token"
 # Generated task ids use the task id alphabet (proxy/request/identify.py): a path holding a raw
 # newline (%0A) gets Starlette's text/plain 404, not JSON (reported; see README "Guarantees").
 TASK_ID_PATTERN = r"^[A-Za-z0-9._:~@+=-]{1,64}$"
@@ -41,15 +41,8 @@ schema = schemathesis.openapi.from_dict(_described())
 EXCLUDED = [unsupported_method]
 
 
-@pytest.fixture(scope="module")
-def faulty() -> Iterator[FaultyUpstream]:
-    with FaultyUpstream() as up:
-        yield up
-
-
 @pytest.fixture
-def admin_base(proxy: ProxyFactory, faulty: FaultyUpstream, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
+def admin_base(proxy: ProxyFactory, faulty: FaultyUpstream, admin_token: str) -> Iterator[str]:
     routes = [{"name": "openai", "kind": "llm", "api": "openai", "url": faulty.url, "prefix": "/openai"}]
     with proxy(upstreams=routes) as base:
         for task in ("t-1", "t-2", "a/b"):  # some tasks exist, so 200s are generated too
@@ -65,7 +58,7 @@ def test_published_description_is_the_one_served(admin_base: str) -> None:
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 def test_admin_api_conforms_with_the_token(case: Any, admin_base: str) -> None:
-    case.call_and_validate(base_url=admin_base, headers={"authorization": f"Bearer {TOKEN}"},
+    case.call_and_validate(base_url=admin_base, headers=dict(ADMIN_HEADERS),
                            excluded_checks=EXCLUDED)
 
 

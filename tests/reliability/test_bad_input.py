@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,21 +17,11 @@ import pytest
 import redis
 from conftest import ProxyFactory, Telemetry
 from ragtoll.instrumentation import semconv as sc
-from support.faulty import FaultyUpstream, exchange, raw_request
-from test_upstream_faults import BUDGETS, CHAT, call_span, ledger, new_task, routes
+from support.admin import ADMIN_TOKEN, ledger
+from support.faulty import BUDGETS, CHAT, FaultyUpstream, exchange, new_task, raw_request, routes
+from support.spans import call_span
 
-TOKEN = "reliability-admin-token"
-
-
-@pytest.fixture(autouse=True)
-def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
-
-
-@pytest.fixture(scope="module")
-def faulty() -> Iterator[FaultyUpstream]:
-    with FaultyUpstream() as up:
-        yield up
+pytestmark = pytest.mark.usefixtures("admin_token")
 
 
 # --- oversized bodies ---------------------------------------------------------------------------
@@ -193,8 +182,9 @@ def test_values_echoed_into_headers_cannot_inject(proxy: ProxyFactory, faulty: F
 
 # --- admin API ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("auth", [None, "", "Bearer", "Bearer wrong", f"Basic {TOKEN}", f"Bearer {TOKEN}x",
-                                  f"Bearer {TOKEN[:-1]}", f"bearer  {TOKEN[::-1]}", f"Token {TOKEN}"])
+@pytest.mark.parametrize("auth", [None, "", "Bearer", "Bearer wrong", f"Basic {ADMIN_TOKEN}",
+                                  f"Bearer {ADMIN_TOKEN}x", f"Bearer {ADMIN_TOKEN[:-1]}",
+                                  f"bearer  {ADMIN_TOKEN[::-1]}", f"Token {ADMIN_TOKEN}"])
 def test_admin_without_the_right_token_is_401(proxy: ProxyFactory, faulty: FaultyUpstream, auth: str | None) -> None:
     task = new_task()
     headers = {} if auth is None else {"authorization": auth}

@@ -11,43 +11,33 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Iterator
 
 import httpx
 import orjson
 import pytest
 from conftest import ProxyFactory, Telemetry
 from ragtoll.instrumentation import semconv as sc
-from support.faulty import FaultyUpstream, host_port, raw_request, slow_reader
-from test_upstream_faults import BUDGETS, CHAT, call_span, ledger, new_task, routes
+from support.admin import ADMIN_HEADERS, ledger
+from support.faulty import (
+    BUDGETS,
+    CHAT,
+    FaultyUpstream,
+    host_port,
+    new_task,
+    raw_request,
+    routes,
+    slow_reader,
+)
+from support.poll import wait_steady, wait_until
+from support.spans import call_span
 
-TOKEN = "reliability-admin-token"
-
-
-@pytest.fixture(autouse=True)
-def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
-
-
-@pytest.fixture(scope="module")
-def faulty() -> Iterator[FaultyUpstream]:
-    with FaultyUpstream() as up:
-        yield up
+pytestmark = pytest.mark.usefixtures("admin_token")
 
 
 def hang_up(base: str, data: bytes) -> None:
     with socket.create_connection(host_port(base), timeout=5) as sock:
         sock.sendall(data)
-        time.sleep(0.05)
-
-
-def wait_for(predicate: object, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return True
-        time.sleep(0.02)
-    return False
+        time.sleep(0.05)  # the client lingers a moment before it goes: part of the fault
 
 
 @pytest.mark.parametrize("route", ["/openai/v1/chat/completions", "/raw/upload"])
@@ -65,9 +55,10 @@ def test_client_gone_before_or_during_upload(proxy: ProxyFactory, faulty: Faulty
             assert call_span(telemetry, task).attributes[sc.OUTCOME] == "client_disconnect"
             assert ledger(http, base, task)["in_flight"] == 0
         else:
-            time.sleep(0.3)  # a read body never started the call: no span, no task
+            # the request is over when its server span ends; a read body never started the call
+            assert wait_until(lambda: telemetry.by_name("POST /openai"))
             assert not [s for s in telemetry.spans() if s.attributes.get(sc.TASK_ID) == task]
-            gone = http.get(f"{base}/admin/tasks/{task}", headers={"authorization": f"Bearer {TOKEN}"})
+            gone = http.get(f"{base}/admin/tasks/{task}", headers=ADMIN_HEADERS)
             assert gone.status_code == 404
         ok = http.post(f"{base}/openai/v1/chat/completions", json=CHAT)  # the proxy carries on
     assert ok.status_code == 200
@@ -84,13 +75,14 @@ def test_client_gone_mid_stream_closes_upstream_and_settles(proxy: ProxyFactory,
                          headers={"x-ragtoll-task-id": task, "x-fault": "stall-mid-stream"}) as resp:
             assert next(resp.iter_raw()).startswith(b"data: ")
         seen = faulty.last()
-        assert wait_for(lambda: seen.peer_closed)  # the stalled upstream was hung up on, not left waiting
+        assert wait_until(lambda: seen.peer_closed)  # the stalled upstream was hung up on, not left waiting
         span = call_span(telemetry, task)
         after = ledger(http, base, task)
     assert span.attributes[sc.OUTCOME] == "client_disconnect"
     assert after["in_flight"] == 0 and after["used"]["completion_tokens"] < CHAT["max_tokens"]
 
 
+@pytest.mark.slow
 def test_many_vanishing_clients_leak_no_descriptors_or_reservations(proxy: ProxyFactory, faulty: FaultyUpstream,
                                                                     telemetry: Telemetry) -> None:
     task = new_task()
@@ -109,26 +101,27 @@ def test_many_vanishing_clients_leak_no_descriptors_or_reservations(proxy: Proxy
             httpx.Client(timeout=10) as http:
         for _ in range(5):  # warm-up: pools and lazily opened files settle
             one_round()
-        wait_for(lambda: ledger(http, base, task)["in_flight"] == 0)
+        wait_until(lambda: ledger(http, base, task)["in_flight"] == 0)
         fds = len(os.listdir("/proc/self/fd"))
         for _ in range(30):
             one_round()
-        assert wait_for(lambda: ledger(http, base, task)["in_flight"] == 0)
+        assert wait_until(lambda: ledger(http, base, task)["in_flight"] == 0)
         after = len(os.listdir("/proc/self/fd"))
     assert after <= fds + 4  # this process holds proxy, upstream and clients: none kept the dead sockets
 
 
+@pytest.mark.slow
 def test_slow_reader_holds_the_upstream_back(proxy: ProxyFactory) -> None:
     with FaultyUpstream(big_bytes=96 * 1024 * 1024) as big:
         size = big.big_bytes
         with proxy(upstreams=routes(big.url, read_timeout=30)) as base:
             req = raw_request("GET", "/raw/blob", {"x-fault": "big", "connection": "close"})
             with slow_reader(base, req) as sock:
-                assert wait_for(lambda: len(big.seen) > 0)
+                assert wait_until(lambda: len(big.seen) > 0)
                 seen = big.seen[-1]
-                time.sleep(1.5)  # the client reads nothing: buffers fill, then everything waits
-                held = seen.bytes_sent
-                time.sleep(1.0)
+                # the client reads nothing: buffers fill, then everything waits
+                held = wait_steady(lambda: seen.bytes_sent, quiet=0.5)
+                time.sleep(1.0)  # and keeps waiting while the client still reads nothing
                 later = seen.bytes_sent
                 got = 0
                 while chunk := sock.recv(1 << 20):

@@ -11,7 +11,6 @@ dead-master failure would have gone out unbudgeted (open) or been refused (close
 from __future__ import annotations
 
 import gc
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,9 +22,11 @@ from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy.stores.memory import MemoryStore
 from ragtoll.proxy.stores.redis import RedisStore, task_keys
 from redis.crc import key_slot
+from support.admin import ledger
 from support.budget_cluster import start_budget_cluster, tasks_on_masters
+from support.poll import wait_until
 from support.redis_server import RedisProcess, stop_all
-from test_upstream_faults import TOKEN, ledger
+from support.spans import call_spans, reserve_failed
 
 MASTERS = 3
 DEAD = 0  # the master that is killed; the proxy's seed node is another one
@@ -34,10 +35,7 @@ ROUNDS = 3
 BUDGETS = {"default_profile": "p", "profiles": {"p": {"max_steps": 1000}}}
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5}
 
-
-@pytest.fixture(autouse=True)
-def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
+pytestmark = pytest.mark.usefixtures("admin_token")
 
 
 @pytest.fixture
@@ -56,21 +54,7 @@ def chat(http: httpx.Client, base: str, task: str) -> httpx.Response:
     return http.post(f"{base}/openai/v1/chat/completions", json=CHAT, headers={"x-ragtoll-task-id": task})
 
 
-def call_spans(telemetry: Telemetry, count: int) -> list[Any]:
-    """The finished call spans, once there are `count` (a span ends just after its response)."""
-    deadline = time.monotonic() + 10
-    while True:
-        spans = [s for s in telemetry.spans() if sc.TASK_ID in s.attributes and sc.OUTCOME in s.attributes]
-        if len(spans) >= count or time.monotonic() > deadline:
-            return spans
-        time.sleep(0.02)
-
-
-def reserve_failed(span: Any) -> bool:
-    return bool(span.attributes.get(sc.DEGRADED)) and any(
-        e.name == sc.EVENT_DEGRADED and "on_store_error" in e.attributes for e in span.events)
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["open", "closed"])
 def test_a_dead_master_degrades_only_its_own_tasks(proxy: ProxyFactory, upstream: Upstream,
                                                   telemetry: Telemetry, cluster: list[RedisProcess],
@@ -119,6 +103,7 @@ def test_a_dead_master_degrades_only_its_own_tasks(proxy: ProxyFactory, upstream
     assert forwarded == (admitted + len(dead) * ROUNDS if mode == "open" else admitted)
 
 
+@pytest.mark.slow
 async def test_failure_domain_is_the_node_that_owns_the_task_slot(cluster: list[RedisProcess]) -> None:
     by_master = tasks_on_masters(PER_NODE, MASTERS, prefix="node")
     store = RedisStore(f"redis+cluster://127.0.0.1:{cluster[0].port}")
@@ -139,6 +124,7 @@ async def test_failure_domain_is_the_node_that_owns_the_task_slot(cluster: list[
     assert MemoryStore().failure_domain("a") == MemoryStore().failure_domain("b")
 
 
+@pytest.mark.slow
 def test_idle_tasks_on_healthy_masters_still_end(proxy: ProxyFactory, cluster: list[RedisProcess],
                                                  telemetry: Telemetry) -> None:
     """The idle sweep ends every task it can reach: one on the dead master does not stop the rest."""
@@ -152,11 +138,12 @@ def test_idle_tasks_on_healthy_masters_still_end(proxy: ProxyFactory, cluster: l
             for t in by_master[i]:
                 assert chat(http, base, t).status_code == 200
         cluster[DEAD].stop()
-        deadline = time.monotonic() + 15
-        ended: set[str] = set()
-        while ended != healthy and time.monotonic() < deadline:
-            time.sleep(0.1)  # each ended task gets its ragtoll.task summary span
-            ended = {s.attributes[sc.TASK_ID] for s in telemetry.spans() if s.name == sc.TASK_SPAN}
-        still_open = [t for t in by_master[DEAD] if t not in ended]
-    assert ended == healthy  # every healthy task ended idle; none of the dead master's could
+
+        def ended() -> set[str]:  # each ended task gets its ragtoll.task summary span
+            return {s.attributes[sc.TASK_ID] for s in telemetry.spans() if s.name == sc.TASK_SPAN}
+
+        wait_until(lambda: ended() == healthy, timeout=15, interval=0.1)
+        ended_tasks = ended()
+        still_open = [t for t in by_master[DEAD] if t not in ended_tasks]
+    assert ended_tasks == healthy  # every healthy task ended idle; none of the dead master's could
     assert len(still_open) == PER_NODE

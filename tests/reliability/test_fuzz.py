@@ -221,6 +221,7 @@ def section(cls: type[Any], depth: int = 0) -> st.SearchStrategy[dict[str, Any]]
     return with_stray if depth == 0 else rarely(with_stray, ANY, one_in=12)  # parse() takes a mapping
 
 
+@pytest.mark.slow
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=section(config.Settings))
 def test_config_parse_gives_settings_or_a_config_error(raw: dict[str, Any]) -> None:

@@ -8,129 +8,64 @@ settle never ran). With the memory store the budgets are lost with the process -
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from support.admin import ADMIN_TOKEN, ledger
 from support.faulty import FaultyUpstream
-from support.servers import free_port
+from support.load import Answer, background_load
+from support.poll import wait_until
+from support.process import RagtollProcess
 
-TOKEN = "reliability-admin-token"
-CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 20}
-
-
-@pytest.fixture(scope="module")
-def faulty() -> Iterator[FaultyUpstream]:
-    with FaultyUpstream() as up:
-        yield up
+LOAD = 20  # calls admitted on each side of the kill
 
 
-class Ragtoll:
-    """`ragtoll serve` in a child process on a fixed port."""
-
-    def __init__(self, tmp: Path, upstream: str, store: str) -> None:
-        self.port = free_port()
-        self.config = tmp / "ragtoll.yaml"
-        self.config.write_text(json.dumps({
-            "server": {"host": "127.0.0.1", "port": self.port}, "store": store, "store_timeout_ms": 500,
-            "budgets": {"default_profile": "p", "profiles": {"p": {"max_steps": 10_000}},
-                        "records_file": str(tmp / "records.jsonl")},
-            "upstreams": [{"name": "openai", "kind": "llm", "api": "openai", "url": upstream, "prefix": "/openai"}],
-        }))
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> Ragtoll:
-        env = {**os.environ, "RAGTOLL_ADMIN_TOKEN": TOKEN, "OTEL_SDK_DISABLED": "true"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "ragtoll.proxy", "serve", "--config", str(self.config)],
-                                     env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("ragtoll did not start") from None
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.kill()
+def config(tmp: Path, upstream: str, store: str) -> dict[str, object]:
+    return {
+        "store": store, "store_timeout_ms": 500,
+        "budgets": {"default_profile": "p", "profiles": {"p": {"max_steps": 10_000}},
+                    "records_file": str(tmp / "records.jsonl")},
+        "upstreams": [{"name": "openai", "kind": "llm", "api": "openai", "url": upstream, "prefix": "/openai"}],
+    }
 
 
-def ledger(base: str, task: str) -> dict[str, Any]:
-    r = httpx.get(f"{base}/admin/tasks/{task}", headers={"authorization": f"Bearer {TOKEN}"}, timeout=10)
-    assert r.status_code == 200, r.text
-    return dict(r.json())
+def admitted(answers: list[Answer]) -> int:
+    return sum(1 for a in answers if a.status == 200 and a.budgeted)
 
 
-def hammer(base: str, task: str, stop: threading.Event, admitted: list[int], lost: list[int]) -> None:
-    with httpx.Client(timeout=5) as http:
-        while not stop.is_set():
-            try:
-                r = http.post(f"{base}/openai/v1/chat/completions", json=CHAT, headers={"x-ragtoll-task-id": task})
-                if r.status_code == 200 and "x-ragtoll-budget-remaining" in r.headers:
-                    admitted.append(1)
-            except httpx.HTTPError:
-                lost.append(1)  # in flight when the process died (or refused while it was down)
-                time.sleep(0.02)
+def lost(answers: list[Answer]) -> int:
+    """Calls in flight when the process died (or refused while it was down)."""
+    return sum(1 for a in answers if a.status == 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("store", ["redis", "memory"])
 def test_killed_and_restarted_mid_load(tmp_path: Path, faulty: FaultyUpstream, redis_url: str, store: str) -> None:
     url = redis_url.rsplit("/", 1)[0] + "/10" if store == "redis" else "memory"
-    rt = Ragtoll(tmp_path, faulty.url, url).start()
     task = f"restart-{uuid.uuid4().hex[:8]}"
-    admitted: list[int] = []
-    lost: list[int] = []
-    stop = threading.Event()
-    workers = [threading.Thread(target=hammer, args=(rt.base, task, stop, admitted, lost)) for _ in range(4)]
+    rt = RagtollProcess(tmp_path, config(tmp_path, faulty.url, url), env={"RAGTOLL_ADMIN_TOKEN": ADMIN_TOKEN})
     try:
-        for w in workers:
-            w.start()
-        time.sleep(1.0)
-        rt.kill()  # mid-load: calls are in flight
-        before_kill = len(admitted)
         rt.start()
-        time.sleep(0.8)
-        stop.set()
-        for w in workers:
-            w.join(10)
-        time.sleep(0.2)
-        after = ledger(rt.base, task)
+        with background_load(rt.base, [task] * 4) as answers:
+            assert wait_until(lambda: admitted(answers) >= LOAD, timeout=30)  # the load is running
+            rt.kill()  # mid-load: calls are in flight
+            before_kill = admitted(answers)
+            rt.start()
+            assert wait_until(lambda: admitted(answers) >= before_kill + LOAD, timeout=30)  # and runs again
+        # the load has stopped, each worker's last call answered; a call's settle follows its answer
+        with httpx.Client(timeout=10) as http:
+            wait_until(lambda: ledger(http, rt.base, task)["in_flight"] <= lost(answers))
+            after = ledger(http, rt.base, task)
     finally:
-        stop.set()
         rt.stop()
-    assert before_kill > 0 and len(admitted) > before_kill  # load ran on both sides of the kill
+    assert before_kill > 0 and admitted(answers) > before_kill  # load ran on both sides of the kill
     steps = after["used"]["steps"]
     if store == "redis":
         # every admitted call is still counted; the only extra are calls in flight at the kill
-        assert len(admitted) <= steps <= len(admitted) + len(lost)
-        assert after["in_flight"] <= len(lost)  # reservations of the killed process stay until the task ends
+        assert admitted(answers) <= steps <= admitted(answers) + lost(answers)
+        assert after["in_flight"] <= lost(answers)  # reservations of the killed process stay until the task ends
     else:
         # documented loss: the new process starts the task from zero
-        assert steps == len(admitted) - before_kill
+        assert steps == admitted(answers) - before_kill

@@ -15,34 +15,24 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 import redis
 from conftest import ProxyFactory, Telemetry
-from loadgen import Answer, run_load
-from ragtoll.instrumentation import semconv as sc
+from support.admin import ledger
 from support.budget_cluster import _info, cluster_free_port, slot_range, tasks_on_masters
-from support.faulty import FaultyUpstream
+from support.faulty import FaultyUpstream, routes
+from support.load import Answer, run_load
+from support.poll import wait_until
 from support.redis_server import RedisProcess, start_redis, stop_all
-from test_upstream_faults import ledger, routes
+from support.spans import call_spans, reserve_failures
 
-TOKEN = "reliability-admin-token"
 STORE_TIMEOUT_MS = 200
 BUDGETS = {"default_profile": "p", "profiles": {"p": {"max_steps": 100_000, "max_completion_tokens": 10**9}}}
 
-
-@pytest.fixture(autouse=True)
-def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
-
-
-@pytest.fixture(scope="module")
-def faulty() -> Iterator[FaultyUpstream]:
-    with FaultyUpstream() as up:
-        yield up
+pytestmark = pytest.mark.usefixtures("admin_token")
 
 
 def with_search(url: str) -> list[dict[str, Any]]:
@@ -83,26 +73,7 @@ def load_until_recovered(base: str, tasks: list[str], answers: list[Answer], sea
         answers += run_load(base, tasks, 0.5, [], search=search)
 
 
-def wait_for_call_spans(telemetry: Telemetry, tasks: list[str], count: int) -> None:
-    """A call span ends just after its response is sent: wait until all `count` have."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if sum(1 for s in telemetry.spans()
-               if s.attributes.get(sc.TASK_ID) in tasks and sc.OUTCOME in s.attributes) >= count:
-            return
-        time.sleep(0.02)
-
-
-def degraded_spans(telemetry: Telemetry) -> Counter[str]:
-    """Per task: call spans whose reserve failed (the call went on without a budget)."""
-    out: Counter[str] = Counter()
-    for s in telemetry.spans():
-        if s.attributes.get(sc.DEGRADED) and any(e.name == sc.EVENT_DEGRADED and "on_store_error" in e.attributes
-                                                 for e in s.events):
-            out[s.attributes[sc.TASK_ID]] += 1
-    return out
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["kill", "pause"])
 def test_open_store_outage_under_load_fails_no_call(proxy: ProxyFactory, faulty: FaultyUpstream, telemetry: Telemetry,
                                                     fault: str) -> None:
@@ -117,7 +88,7 @@ def test_open_store_outage_under_load_fails_no_call(proxy: ProxyFactory, faulty:
                    store_timeout_ms=STORE_TIMEOUT_MS, budgets=BUDGETS) as base, httpx.Client(timeout=10) as http:
             answers = run_load(base, tasks, 4.0, schedule, search=True)
             load_until_recovered(base, tasks, answers, search=True)
-            wait_for_call_spans(telemetry, tasks, len(answers))
+            call_spans(telemetry, len(answers), tasks)  # each ends just after its response
             ledgers = {t: ledger(http, base, t) for t in tasks}
     finally:
         resume(server) if fault == "pause" and server.proc and server.proc.poll() is None else None
@@ -127,7 +98,7 @@ def test_open_store_outage_under_load_fails_no_call(proxy: ProxyFactory, faulty:
     unbudgeted = Counter(a.task for a in answers if not a.budgeted)
     assert sum(unbudgeted.values()) > 0  # the outage was felt ...
     assert recovered(answers, tasks), latest(answers)  # ... and is over: every task is budgeted again
-    assert degraded_spans(telemetry) == unbudgeted  # every forwarded-without-budget call says so on its span
+    assert reserve_failures(telemetry) == unbudgeted  # every forwarded-without-budget call says so on its span
     for t in tasks:
         admitted = sum(1 for a in answers if a.task == t and a.budgeted)
         calls = ledgers[t]["used"]["calls"]
@@ -136,6 +107,7 @@ def test_open_store_outage_under_load_fails_no_call(proxy: ProxyFactory, faulty:
     assert sum(ledgers[t]["used"]["cache_hits"] for t in tasks) > 0  # the evidence cache served repeats
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["kill", "pause"])
 def test_closed_store_outage_is_a_prompt_503(proxy: ProxyFactory, faulty: FaultyUpstream, fault: str) -> None:
     server = start_redis()
@@ -199,13 +171,11 @@ def start_replicated_cluster(masters: int = 3) -> tuple[list[RedisProcess], list
 
 
 def _wait(predicate: Any, what: str, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise RuntimeError(what)
-        time.sleep(0.1)
+    if not wait_until(predicate, timeout, interval=0.1):
+        raise RuntimeError(what)
 
 
+@pytest.mark.slow
 def test_cluster_master_failover_under_load(proxy: ProxyFactory, faulty: FaultyUpstream, telemetry: Telemetry) -> None:
     masters, replicas = start_replicated_cluster()
     # tasks on every master's slots, so some are on the one that fails
@@ -217,7 +187,7 @@ def test_cluster_master_failover_under_load(proxy: ProxyFactory, faulty: FaultyU
             answers = run_load(base, tasks, 7.0, [(1.0, masters[0].stop)])
             # how long the cluster takes to promote the replica depends on the machine's load
             load_until_recovered(base, tasks, answers)
-            wait_for_call_spans(telemetry, tasks, len(answers))
+            call_spans(telemetry, len(answers), tasks)  # each ends just after its response
             ledgers = {t: ledger(http, base, t) for t in tasks}
         promoted = redis.Redis(port=replicas[0].port, decode_responses=True).info("replication")["role"]
     finally:

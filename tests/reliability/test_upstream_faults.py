@@ -9,60 +9,17 @@ after them, never a fake end), the call span records it, and the task's reservat
 from __future__ import annotations
 
 import time
-import uuid
-from collections.abc import Iterator
-from typing import Any
-from urllib.parse import quote
 
 import httpx
 import pytest
 from conftest import ProxyFactory, Telemetry
 from ragtoll.instrumentation import semconv as sc
-from support.faulty import FaultyUpstream
+from support.admin import ledger
+from support.faulty import BUDGETS, CHAT, FaultyUpstream, new_task, routes
 from support.servers import free_port
+from support.spans import call_span
 
-TOKEN = "reliability-admin-token"
-CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
-
-
-@pytest.fixture(autouse=True)
-def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
-
-
-@pytest.fixture(scope="module")
-def faulty() -> Iterator[FaultyUpstream]:
-    with FaultyUpstream() as up:
-        yield up
-
-
-def routes(url: str, read_timeout: float = 0.5) -> list[dict[str, Any]]:
-    t = {"read": read_timeout, "connect": 1.0}
-    return [{"name": "openai", "kind": "llm", "api": "openai", "url": url, "prefix": "/openai", "timeouts": t},
-            {"name": "raw", "kind": "other", "api": "passthrough", "url": url, "prefix": "/raw", "timeouts": t}]
-
-
-BUDGETS = {"default_profile": "p", "profiles": {"p": {"max_steps": 50, "max_completion_tokens": 10_000}}}
-
-
-def ledger(http: httpx.Client, base: str, task: str) -> dict[str, Any]:
-    r = http.get(f"{base}/admin/tasks/{quote(task, safe='')}", headers={"authorization": f"Bearer {TOKEN}"})
-    assert r.status_code == 200, r.text
-    return dict(r.json())
-
-
-def call_span(telemetry: Telemetry, task: str) -> Any:
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        found = [s for s in telemetry.spans() if s.attributes.get(sc.TASK_ID) == task and sc.OUTCOME in s.attributes]
-        if found:
-            return found[-1]
-        time.sleep(0.02)
-    raise AssertionError(f"no call span for {task}")
-
-
-def new_task() -> str:
-    return f"rel-{uuid.uuid4().hex[:12]}"
+pytestmark = pytest.mark.usefixtures("admin_token")
 
 
 @pytest.mark.parametrize(("fault", "status", "code"), [

@@ -15,16 +15,34 @@ import socket
 import struct
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Self
+from typing import Any, Self
 
 import orjson
 
-CHAT = orjson.dumps({
+CHAT_ANSWER = orjson.dumps({
     "id": "chatcmpl-f", "object": "chat.completion", "created": 1700000000, "model": "gpt-4o-mini",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}})
+
+
+# What the fault tests send it through ragtoll: a chat call, routes with a short read timeout
+# (a stall is noticed in 0.5 s), a budget roomy enough that no fault test is refused by it.
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
+BUDGETS = {"default_profile": "p", "profiles": {"p": {"max_steps": 50, "max_completion_tokens": 10_000}}}
+
+
+def routes(url: str, read_timeout: float = 0.5) -> list[dict[str, Any]]:
+    """An `openai` route (/openai) and a pass-through route (/raw) to `url`."""
+    t = {"read": read_timeout, "connect": 1.0}
+    return [{"name": "openai", "kind": "llm", "api": "openai", "url": url, "prefix": "/openai", "timeouts": t},
+            {"name": "raw", "kind": "other", "api": "passthrough", "url": url, "prefix": "/raw", "timeouts": t}]
+
+
+def new_task() -> str:
+    return f"rel-{uuid.uuid4().hex[:12]}"
 
 
 def sse_event(i: int) -> bytes:
@@ -164,7 +182,7 @@ class FaultyUpstream:
         sse = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         fault = seen.fault
         if fault == "ok":
-            body = search_results(seen.body) if seen.path.split("?")[0].endswith("/search") else CHAT
+            body = search_results(seen.body) if seen.path.split("?")[0].endswith("/search") else CHAT_ANSWER
             await self._send(seen, writer, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                              b"content-length: %d\r\n\r\n" % len(body) + body)
             return True
@@ -205,9 +223,9 @@ class FaultyUpstream:
                 body_sent += len(part)
             return True
         if fault == "slow-body":
-            parts = [CHAT[i: i + 40] for i in range(0, len(CHAT), 40)]
+            parts = [CHAT_ANSWER[i: i + 40] for i in range(0, len(CHAT_ANSWER), 40)]
             await self._send(seen, writer, b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\n\r\n" % len(CHAT))
+                             b"content-length: %d\r\n\r\n" % len(CHAT_ANSWER))
             for part in parts:
                 await asyncio.sleep(0.1)
                 await self._send(seen, writer, part)

@@ -8,41 +8,65 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Self
 
+import httpx
+
+from .poll import wait_until
 from .servers import free_port
 
 
 class RagtollProcess:
-    """`with RagtollProcess(tmp, config) as rt:` runs `ragtoll serve --config` on a free port until exit."""
+    """`with RagtollProcess(tmp, config) as rt:` runs `ragtoll serve --config` on a free port until exit.
 
-    def __init__(self, tmp: Path, config: dict[str, Any], env: dict[str, str] | None = None) -> None:
+    Started again after `kill()` or `stop()`, it serves on the same port with the same config (a
+    restart). `ready`: a path that must answer 200 before `start` returns (default: the port
+    accepts connections). The server's stderr goes to `log` (read back when it fails to start).
+    """
+
+    def __init__(self, tmp: Path, config: dict[str, Any], env: dict[str, str] | None = None,
+                 ready: str | None = None) -> None:
         self.port = free_port()
         server = {**config.get("server", {}), "host": "127.0.0.1", "port": self.port}
         self.config_path = tmp / f"ragtoll-{self.port}.yaml"
         self.config_path.write_text(json.dumps({**config, "server": server}))
+        self.log = tmp / f"ragtoll-{self.port}.log"
         self.env = {**os.environ, "OTEL_SDK_DISABLED": "true", **(env or {})}
+        self.ready = ready
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def base(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> Self:
-        self.proc = subprocess.Popen([sys.executable, "-m", "ragtoll.proxy", "serve", "--config", str(self.config_path)],
-                                     env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
+    def start(self, timeout: float = 30) -> Self:
+        return self.launch().wait_ready(timeout)
+
+    def launch(self) -> Self:
+        """Start the process and return at once (several start side by side; then `wait_ready`)."""
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "ragtoll.proxy", "serve", "--config",
+                                          str(self.config_path)], env=self.env, stdout=subprocess.DEVNULL, stderr=log)
+        return self
+
+    def wait_ready(self, timeout: float = 30) -> Self:
+        if not wait_until(self._answers, timeout, interval=0.05):
+            self.stop()
+            raise RuntimeError(f"ragtoll at {self.base} did not start: {self.log.read_text()[-4000:]}")
+        return self
+
+    def _answers(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"ragtoll exited {self.proc.returncode}: {self.log.read_text()[-4000:]}")
+        try:
+            if self.ready is None:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    err = self.proc.stderr.read().decode() if self.proc.poll() is not None and self.proc.stderr else ""
-                    raise RuntimeError(f"ragtoll did not start: {err}") from None
-                time.sleep(0.05)
+                return True
+            return httpx.get(self.base + self.ready, timeout=1).status_code == 200
+        except (OSError, httpx.HTTPError):
+            return False
 
     def __enter__(self) -> Self:
         return self.start()
@@ -62,8 +86,6 @@ class RagtollProcess:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill()
-        if self.proc is not None and self.proc.stderr is not None:
-            self.proc.stderr.close()
 
     def status(self, field: str) -> int:
         """A /proc/<pid>/status field in kB (VmRSS, VmHWM: the peak RSS)."""

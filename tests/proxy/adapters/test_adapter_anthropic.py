@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 from ragtoll.proxy.core import tokens
-from ragtoll.proxy.model import Usage
+from ragtoll.proxy.model import Call, Observation, Usage
 from support.adapter_fixtures import adapter, load, observe, observe_every_split, parse, raw
 
 
@@ -67,3 +67,12 @@ def test_message_delta_with_partial_input_usage_keeps_the_start_totals() -> None
     obs = observe(ad, call, body, "text/event-stream")
     assert obs.usage == Usage(input_tokens=120, output_tokens=5, cached_input_tokens=100)
     assert obs.finish_reasons == ["max_tokens"]
+
+
+def test_stream_end_closes_the_stream_as_a_max_tokens_stop() -> None:
+    raw = adapter("anthropic").stream_end(Call("chat", model="claude"), Observation(output_tokens_seen=7),
+                                          "/v1/messages", 0)
+    events = [e.split(b"\n") for e in raw.split(b"\n\n") if e]
+    assert [e[0] for e in events] == [b"event: message_delta", b"event: message_stop"]
+    delta = orjson.loads(events[0][1][6:])
+    assert delta["delta"]["stop_reason"] == "max_tokens" and delta["usage"]["output_tokens"] == 7

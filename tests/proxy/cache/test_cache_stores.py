@@ -145,6 +145,7 @@ async def test_memory_ttl_and_lru_bounds() -> None:
     assert store.bytes <= 10_000
 
 
+@pytest.mark.slow
 async def test_redis_cluster_partition_steps_are_single_slot() -> None:
     from support.budget_cluster import start_budget_cluster
     from support.redis_server import stop_all

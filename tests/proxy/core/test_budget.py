@@ -1,25 +1,12 @@
-"""Budget arithmetic, profile selection and the budget stage (stream cut, store failure), as plain calls."""
+"""Budget arithmetic, profile selection and charges, as plain calls (the stage: tests/proxy/stages)."""
 
 from __future__ import annotations
 
-import asyncio
-from pathlib import Path
-from typing import Any
-
 import http_sfv
-import orjson
 import pytest
-from ragtoll.proxy import config
 from ragtoll.proxy.config import BudgetsConfig, Profile, ProfileRule
 from ragtoll.proxy.core import budget as bm
 from ragtoll.proxy.core.budget import Charge, Ledger
-from ragtoll.proxy.errors import StoreUnavailable
-from ragtoll.proxy.model import Call, TaskRef
-from ragtoll.proxy.request.exchange import Exchange
-from ragtoll.proxy.request.routing import Router
-from ragtoll.proxy.stages.budget import BudgetStage
-from ragtoll.proxy.stores.base import TaskMeta as TaskMetaForTest
-from ragtoll.proxy.stores.memory import MemoryStore
 
 LLM = Charge(steps=1, context_tokens=100, prompt_tokens=100, completion_reserve=50)
 RETRIEVAL = Charge(retrieval_calls=1, query_key="q1")
@@ -225,142 +212,7 @@ def test_llm_charge_reserves_requested_or_default_output() -> None:
     assert (r.steps, r.retrieval_calls, r.query_key, r.cost_certain) == (0, 1, "k", 500_000)
 
 
-# --- the stage, called directly -------------------------------------------------------------------
-
-
-
-def settings(**overrides: Any) -> config.Settings:
-    raw = {"upstreams": [{"name": "openai", "kind": "llm", "api": "openai", "url": "http://127.0.0.1:9",
-                          "prefix": "/openai"}], "budgets": {"default_profile": "p", "profiles": {"p": {}}}}
-    raw.update(overrides)
-    return config.parse(raw)
-
-
-def exchange(s: config.Settings, **call: Any) -> Exchange:
-    route = Router(s.upstreams).routes[0]
-    ex = Exchange(route, "POST", "/v1/chat/completions", {}, [], "127.0.0.1", 0.0,
-                  task=TaskRef("task-1", "header", 1), timeouts=route.upstream.timeouts)
-    ex.call = Call("chat", model="gpt-4o-mini", **call)
-    return ex
-
-
-async def test_stream_cut_finishes_the_event_the_client_is_in() -> None:
-    s = settings(budgets={"default_profile": "p", "profiles": {"p": {"max_completion_tokens": 2}}})
-    stage = BudgetStage(s, MemoryStore(), hmac_key=None)
-    ex = exchange(s, stream=True, max_output_tokens=50)
-    assert await stage.on_request(ex) is None
-    ev = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
-    ex.observation.output_tokens_seen = 1
-    assert stage.on_chunk(ex, ev + ev[:10]) is None  # this chunk ends mid-event
-    ex.observation.output_tokens_seen = 3
-    cut = stage.on_chunk(ex, ev[10:] + ev)
-    assert cut is not None and cut.startswith(ev[10:])  # the open event is completed first
-    events = [e for e in cut[len(ev[10:]):].split(b"\n\n") if e]
-    assert orjson.loads(events[0][6:])["choices"][0]["finish_reason"] == "length"
-    assert events[1] == b"data: [DONE]"
-    assert stage.on_chunk(ex, ev) is None  # cut once
-
-
-def test_anthropic_stream_end_shape() -> None:
-    from ragtoll.proxy.adapters.anthropic import AnthropicAdapter
-    from ragtoll.proxy.model import Observation
-
-    s = settings()
-    raw = AnthropicAdapter(s.upstreams[0]).stream_end(Call("chat", model="claude"),
-                                                      Observation(output_tokens_seen=7), "/v1/messages", 0)
-    events = [e.split(b"\n") for e in raw.split(b"\n\n") if e]
-    assert [e[0] for e in events] == [b"event: message_delta", b"event: message_stop"]
-    delta = orjson.loads(events[0][1][6:])
-    assert delta["delta"]["stop_reason"] == "max_tokens" and delta["usage"]["output_tokens"] == 7
-
-
-class HangingStore(MemoryStore):
-    """A store that never answers a reserve (a blackholed Redis)."""
-
-    reserves = 0
-
-    async def reserve(self, *args: Any, **kwargs: Any) -> Any:
-        HangingStore.reserves += 1
-        await asyncio.sleep(3600)
-
-
-@pytest.mark.parametrize("mode", ["open", "closed"])
-async def test_a_hanging_store_never_hangs_the_call(mode: str) -> None:
-    s = settings(on_store_error=mode, store_timeout_ms=50)
-    stage = BudgetStage(s, HangingStore(), hmac_key=None)
-    HangingStore.reserves = 0
-    for _ in range(2):
-        ex = exchange(s)
-        if mode == "open":
-            assert await asyncio.wait_for(stage.on_request(ex), 5) is None
-            assert ex.degraded is not None
-        else:
-            with pytest.raises(StoreUnavailable):
-                await asyncio.wait_for(stage.on_request(ex), 5)
-    assert HangingStore.reserves == 1  # the second call did not wait on the store again
-
-
-async def test_task_ender_writes_once_and_tells_listeners() -> None:
-    from ragtoll.proxy.tasks.records import TaskEnder
-
-    class Sink:
-        def __init__(self) -> None:
-            self.records: list[dict[str, Any]] = []
-            self.writes = 0
-
-        async def append(self, records: Any) -> None:
-            self.writes += 1
-            self.records.extend(dict(r) for r in records)
-
-    def broken(record: dict[str, Any]) -> None:
-        raise RuntimeError("telemetry hook bug")
-
-    store, sink, seen = MemoryStore(), Sink(), []
-    ender = TaskEnder(store, sink, idle_timeout_s=1.0, wall_ms=lambda: 50_000)
-    ender.listeners += [broken, seen.append]
-    meta = TaskMetaForTest("p", "", "openai", "header", "ab" * 16)
-    done = await store.reserve("a", meta, {}, Charge(steps=1), 10_000)
-    await store.settle("a", done.reservation, bm.Actual(), 10_000)
-    await store.reserve("b", meta, {}, Charge(steps=1), 49_500)
-    d = await store.reserve("c", meta, {}, Charge(steps=1), 10_000)  # still in flight: not idle
-    assert d.admitted
-    assert await ender.sweep() == 1
-    assert [r["task_id"] for r in sink.records] == ["a"] and seen == sink.records and sink.writes == 1
-    record = sink.records[0]
-    assert (record["end_reason"], record["task_source"], record["trace_id"]) == ("idle", "header", "ab" * 16)
-    assert record["ended_at"] == record["started_at"] and record["duration_ms"] == 0
-    assert await ender.end("a", None) is None  # exactly once
-
-
-async def test_a_sweep_writes_its_records_in_one_sink_call(tmp_path: Path) -> None:
-    """One write per sweep, not per task: per-task thread hops fell behind a busy proxy and idle
-    ledgers piled up (about half of 10,000 tasks never ended under 450 calls/s)."""
-    from ragtoll.proxy.tasks.records import JsonlSink, TaskEnder
-
-    writes: list[int] = []
-
-    class CountingSink(JsonlSink):
-        def _write(self, data: bytes) -> None:
-            writes.append(data.count(b"\n"))
-            super()._write(data)
-
-    sink = CountingSink(str(tmp_path / "tasks.jsonl"))
-    store = MemoryStore()
-    ender = TaskEnder(store, sink, idle_timeout_s=1.0, wall_ms=lambda: 50_000)
-    meta = TaskMetaForTest("p", "", "openai", "header", "ab" * 16)
-    for i in range(500):
-        d = await store.reserve(f"t{i}", meta, {}, Charge(steps=1), 10_000 + i)
-        await store.settle(f"t{i}", d.reservation, bm.Actual(), 10_000 + i)
-    assert await ender.sweep() == 500
-    assert writes == [500]
-    lines = (tmp_path / "tasks.jsonl").read_bytes().splitlines()
-    assert [orjson.loads(line)["task_id"] for line in lines] == [f"t{i}" for i in range(500)]
-    assert await store.idle_tasks(50_000) == [] and await ender.sweep() == 0 and writes == [500]
-
-
 def test_remaining_header_stays_within_rfc8941_for_huge_limits() -> None:
-    import http_sfv
-
     raw = bm.sf_dictionary({"max_cost_usd": 5e12, "max_steps": 10**20, "max_latency_ms": 2.5e13})
     parsed = http_sfv.Dictionary()
     parsed.parse(raw)  # raises on numbers RFC 8941 does not allow

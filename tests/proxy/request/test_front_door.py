@@ -20,6 +20,7 @@ import httpx
 import orjson
 import pytest
 from support.hostile import BOMB_INFLATED, STREAM_BYTES, HostileUpstream, gzip_bomb, normal_stream
+from support.poll import wait_until
 from support.process import RagtollProcess
 from support.servers import serve_in_thread
 
@@ -178,6 +179,7 @@ def test_trailers_of_a_chunked_request_never_become_headers(front: RagtollProces
     assert "x-smuggled" not in seen["headers"]
 
 
+@pytest.mark.slow
 def test_a_gzip_bomb_on_a_buffered_route_is_passed_on_unread(front: RagtollProcess) -> None:
     peak_before = front.status("VmHWM")
     with Prober(front.port):
@@ -234,6 +236,7 @@ def test_a_20_mb_normal_stream_passes_whole_and_is_read(front: RagtollProcess) -
     assert ledger["used"]["completion_tokens"] == events  # the stream's own usage event was read
 
 
+@pytest.mark.slow
 def test_a_connection_past_max_connections_waits_for_a_free_one(upstream: Any, tmp_path: Path) -> None:
     config = {"server": {"max_connections": 3}, "tasks": {"untracked": "per-call"},
               "budgets": {"records_file": str(tmp_path / "r.jsonl")},
@@ -251,7 +254,7 @@ def test_a_connection_past_max_connections_waits_for_a_free_one(upstream: Any, t
                 for i in range(3)]
         for t in slow:
             t.start()
-        time.sleep(0.5)  # the three connections are taken
+        assert wait_until(lambda: upstream.app.state.calls["/slow"] == 3)  # the three connections are taken
         call("healthz", "/healthz", {})
         for t in slow:
             t.join()

@@ -1,0 +1,337 @@
+"""The budget stage on exchanges without a server: admit and refuse, the charge of a proposed local
+answer, the remaining header, the stream cut, the settle, and what a failing store does."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import http_sfv
+import orjson
+import pytest
+from ragtoll.instrumentation import semconv as sc
+from ragtoll.proxy.core.budget import Actual, Charge, Ledger, Reservation
+from ragtoll.proxy.errors import BudgetExceeded, StoreUnavailable
+from ragtoll.proxy.request.exchange import Exchange, Reply
+from ragtoll.proxy.stages.budget import REMAINING_HEADER, BudgetStage
+from ragtoll.proxy.stores.base import Decision, TaskMeta
+from ragtoll.proxy.stores.breaker import STORE_RETRY_MS
+from ragtoll.proxy.stores.memory import MemoryStore
+from support.exchanges import CHAT, Exchanges, answer
+
+
+def budgets(**limits: Any) -> dict[str, Any]:
+    return {"default_profile": "p", "profiles": {"p": limits}}
+
+
+def header(ex: Exchange, name: bytes) -> bytes | None:
+    return next((v for k, v in ex.response_headers if k == name), None)
+
+
+def remaining(ex: Exchange) -> http_sfv.Dictionary:
+    raw = header(ex, REMAINING_HEADER)
+    assert raw is not None
+    parsed = http_sfv.Dictionary()
+    parsed.parse(raw)
+    return parsed
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ms = 1_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+class CountingStore:
+    """A budget store (the Store protocol) over a MemoryStore that fails on demand: `fail` names the
+    failure domains whose reserves raise, `hang` those whose reserves never answer, `fail_settle`
+    makes every settle raise. Tasks are in domain "a" or "b" by their first letter."""
+
+    def __init__(self, inner: MemoryStore, fail: set[str] | None = None, hang: set[str] | None = None) -> None:
+        self.inner = inner
+        self.fail = fail or set()
+        self.hang = hang or set()
+        self.fail_settle = False
+        self.reserves: Counter[str] = Counter()
+        self.settles = 0
+
+    def failure_domain(self, task_id: str) -> str:
+        return task_id[:1]
+
+    async def reserve(self, task_id: str, meta: TaskMeta, limits: Mapping[str, int], charge: Charge, now_ms: int,
+                      shadow: bool = False) -> Decision:
+        domain = self.failure_domain(task_id)
+        self.reserves[domain] += 1
+        if domain in self.hang:
+            await asyncio.sleep(3600)  # a blackholed Redis: connected, never answering
+        if domain in self.fail:
+            raise ConnectionError(f"store node {domain} is down")
+        return await self.inner.reserve(task_id, meta, limits, charge, now_ms, shadow)
+
+    async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
+        self.settles += 1
+        if self.fail_settle:
+            raise ConnectionError("gone mid-call")
+        return await self.inner.settle(task_id, reservation, actual, now_ms)
+
+    async def get_task(self, task_id: str) -> Ledger | None:
+        return await self.inner.get_task(task_id)
+
+    async def end_task(self, task_id: str, idle_before_ms: int | None = None) -> Ledger | None:
+        return await self.inner.end_task(task_id, idle_before_ms)
+
+    async def idle_tasks(self, idle_before_ms: int) -> list[str]:
+        return await self.inner.idle_tasks(idle_before_ms)
+
+    async def ping(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+# --- admit, refuse, charge ------------------------------------------------------------------------
+
+async def test_admits_within_the_limit_and_refuses_past_it_naming_the_limit() -> None:
+    xs = Exchanges(budgets=budgets(max_steps=1))
+    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    first = xs()
+    assert await stage.on_request(first) is None
+    assert first.ticket is not None and first.ticket.admitted
+    second = xs()
+    with pytest.raises(BudgetExceeded) as refused:
+        await stage.on_request(second)
+    err = refused.value
+    assert err.status == 429 and err.code == "budget_exceeded"
+    assert "max_steps limit 1, used 1" in err.message and "'task-1'" in err.message
+    assert second.ticket is not None and not second.ticket.admitted
+    span = xs.finished(second)
+    assert span.attributes[sc.BUDGET_EXCEEDED] is True
+    assert span.attributes[sc.BUDGET_EXCEEDED_DIMENSION] == "max_steps"
+    assert [e.attributes["dimension"] for e in span.events if e.name == sc.EVENT_EXCEEDED] == ["max_steps"]
+
+
+async def test_another_task_is_not_refused_by_a_spent_one() -> None:
+    xs = Exchanges(budgets=budgets(max_steps=1))
+    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    await stage.on_request(xs(task="a"))
+    assert await stage.on_request(xs(task="b")) is None
+
+
+async def test_a_proposed_local_answer_is_charged_as_a_call_not_a_step() -> None:
+    xs = Exchanges(budgets=budgets(max_steps=1, max_calls=5))
+    store = MemoryStore()
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    ex = xs()
+    ex.proposal = Reply(200, b"{}")
+    assert await stage.on_request(ex) is None
+    assert ex.proposal is not None  # charged, not vetoed
+    assert ex.ticket is not None and ex.ticket.charge == Charge(calls=1, cache_hit=True)
+    answer(ex, b"{}")
+    await stage.on_end(ex)
+    ledger = await store.get_task("task-1")
+    assert ledger is not None
+    assert (ledger.used("calls"), ledger.used("steps"), ledger.used("cache_hits")) == (1, 0, 1)
+    assert ledger.used("context_tokens") == 0 and ledger.used("cost_nusd") == 0  # nothing upstream: no cost
+    assert await stage.on_request(xs()) is None  # the step it did not take is still there
+
+
+async def test_remaining_header_counts_this_call() -> None:
+    xs = Exchanges(budgets=budgets(max_steps=3, max_completion_tokens=100))
+    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    ex = xs(body={**CHAT, "max_tokens": 30})
+    await stage.on_request(ex)
+    left = remaining(ex)
+    assert left["max_steps"].value == 2
+    assert left["max_completion_tokens"].value == 70  # the call's output is reserved until it settles
+
+
+async def test_remaining_header_on_a_refusal_says_nothing_is_left() -> None:
+    xs = Exchanges(budgets=budgets(max_steps=1))
+    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    await stage.on_request(xs())
+    ex = xs()
+    with pytest.raises(BudgetExceeded):
+        await stage.on_request(ex)
+    assert remaining(ex)["max_steps"].value == 0
+
+
+# --- the stream cut --------------------------------------------------------------------------------
+
+EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
+
+
+async def test_stream_cut_finishes_the_event_the_client_is_in() -> None:
+    xs = Exchanges(budgets=budgets(max_completion_tokens=2))
+    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
+    assert await stage.on_request(ex) is None
+    ex.observation.output_tokens_seen = 1
+    assert stage.on_chunk(ex, EVENT + EVENT[:10]) is None  # this chunk ends mid-event
+    ex.observation.output_tokens_seen = 3
+    cut = stage.on_chunk(ex, EVENT[10:] + EVENT)
+    assert cut is not None and cut.startswith(EVENT[10:])  # the open event is completed first
+    events = [e for e in cut[len(EVENT[10:]):].split(b"\n\n") if e]
+    assert orjson.loads(events[0][6:])["choices"][0]["finish_reason"] == "length"
+    assert events[1] == b"data: [DONE]"
+    assert stage.on_chunk(ex, EVENT) is None  # cut once
+
+
+async def test_stream_cut_on_an_event_boundary_adds_only_the_end_and_is_on_the_span() -> None:
+    xs = Exchanges(budgets=budgets(max_completion_tokens=2))
+    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
+    await stage.on_request(ex)
+    ex.observation.output_tokens_seen = 2
+    assert stage.on_chunk(ex, EVENT) is None  # at the allowance: not past it
+    ex.observation.output_tokens_seen = 3
+    cut = stage.on_chunk(ex, EVENT)
+    assert cut is not None and cut.startswith(b"data: ") and cut.endswith(b"data: [DONE]\n\n")
+    assert EVENT not in cut  # the chunk that crossed the limit is not sent
+    span = xs.finished(ex)
+    assert span.attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"
+    cut_events = [e for e in span.events if e.name == sc.EVENT_EXCEEDED]
+    assert [(e.attributes["stream_cut"], e.attributes["output_tokens_seen"]) for e in cut_events] == [(True, 3)]
+
+
+async def test_shadow_mode_records_the_cut_and_never_cuts() -> None:
+    xs = Exchanges(budgets={"mode": "shadow", **budgets(max_completion_tokens=2)})
+    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
+    await stage.on_request(ex)
+    ex.observation.output_tokens_seen = 10
+    assert stage.on_chunk(ex, EVENT) is None
+    assert xs.finished(ex).attributes[sc.BUDGET_WOULD_REJECT] == "max_completion_tokens"
+
+
+# --- the settle ------------------------------------------------------------------------------------
+
+async def test_settle_replaces_the_reservation_with_the_usage_the_upstream_reported() -> None:
+    xs = Exchanges(budgets=budgets(max_completion_tokens=1000, max_context_tokens=10_000))
+    store = MemoryStore()
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    ex = xs(body={**CHAT, "max_tokens": 500})
+    await stage.on_request(ex)
+    reserved = await store.get_task("task-1")
+    assert reserved is not None and reserved.used("completion_tokens") == 500
+    answer(ex, {"model": "gpt-4o-mini", "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                                     "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}})
+    await stage.on_end(ex)
+    ledger = await store.get_task("task-1")
+    assert ledger is not None
+    assert (ledger.used("completion_tokens"), ledger.used("context_tokens"), ledger.used("inflight")) == (3, 12, 0)
+    span = xs.finished(ex)
+    assert span.attributes[sc.budget_used("max_completion_tokens")] == 3
+    assert span.attributes[sc.budget_remaining("max_completion_tokens")] == 997
+    assert span.attributes[sc.COST_USD] > 0  # gpt-4o-mini has a price
+
+
+async def test_an_error_answer_settles_to_nothing_produced() -> None:
+    xs = Exchanges(budgets=budgets(max_completion_tokens=1000))
+    store = MemoryStore()
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    ex = xs(body={**CHAT, "max_tokens": 500})
+    await stage.on_request(ex)
+    answer(ex, {"error": {"message": "overloaded"}}, status=503)
+    await stage.on_end(ex)
+    ledger = await store.get_task("task-1")
+    assert ledger is not None and ledger.used("completion_tokens") == 0 and ledger.used("steps") == 1
+
+
+async def test_a_refused_call_is_not_settled() -> None:
+    xs = Exchanges(budgets=budgets(max_steps=1))
+    store = CountingStore(MemoryStore())
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    await stage.on_request(xs())
+    ex = xs()
+    with pytest.raises(BudgetExceeded):
+        await stage.on_request(ex)
+    await stage.on_end(ex)
+    assert store.settles == 0
+
+
+# --- store failures --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+async def test_open_a_failing_store_forwards_the_call_marked_degraded(fault: str) -> None:
+    xs = Exchanges(budgets=budgets(max_steps=1), on_store_error="open", store_timeout_ms=50)
+    store = CountingStore(MemoryStore(), **{"fail" if fault == "raise" else "hang": {"a"}})
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    ex = xs(task="a1")
+    assert await asyncio.wait_for(stage.on_request(ex), 5) is None
+    assert ex.degraded is not None and ex.ticket is None
+    assert header(ex, REMAINING_HEADER) is None  # no budget applied: none claimed
+    span = xs.finished(ex)
+    assert span.attributes[sc.DEGRADED] is True
+    degraded = [e.attributes for e in span.events if e.name == sc.EVENT_DEGRADED]
+    assert len(degraded) == 1 and degraded[0]["on_store_error"] == "open"
+    expected = "ConnectionError" if fault == "raise" else "TimeoutError"
+    assert expected in str(degraded[0]["reason"])
+
+
+@pytest.mark.parametrize("fault", ["raise", "hang"])
+async def test_closed_a_failing_store_refuses_with_503(fault: str) -> None:
+    xs = Exchanges(on_store_error="closed", store_timeout_ms=50, store="redis://user:secret@127.0.0.1:1/0")
+    store = CountingStore(MemoryStore(), **{"fail" if fault == "raise" else "hang": {"a"}})
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    with pytest.raises(StoreUnavailable) as refused:
+        await asyncio.wait_for(stage.on_request(xs(task="a1")), 5)
+    assert refused.value.status == 503 and refused.value.code == "store_unavailable"
+    assert "secret" not in refused.value.message and "secret" not in orjson.dumps(refused.value.details).decode()
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+async def test_a_hanging_store_never_hangs_the_call(mode: str) -> None:
+    xs = Exchanges(on_store_error=mode, store_timeout_ms=50)
+    store = CountingStore(MemoryStore(), hang={"a"})
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    for _ in range(2):
+        ex = xs(task="a1")
+        if mode == "open":
+            assert await asyncio.wait_for(stage.on_request(ex), 5) is None
+            assert ex.degraded is not None
+        else:
+            with pytest.raises(StoreUnavailable):
+                await asyncio.wait_for(stage.on_request(ex), 5)
+    assert store.reserves["a"] == 1  # the second call did not wait on the store again
+
+
+async def test_the_breaker_skips_only_the_failed_domain_and_retries_it_later() -> None:
+    xs = Exchanges(on_store_error="open", store_timeout_ms=50)
+    clock = Clock()
+    store = CountingStore(MemoryStore(), fail={"a"})
+    stage = BudgetStage(xs.settings, store, hmac_key=None, wall_ms=clock)
+    await stage.on_request(xs(task="a1"))
+    assert store.reserves == Counter({"a": 1})
+    skipped = xs(task="a2")  # another task of the failed domain: not tried
+    await stage.on_request(skipped)
+    assert skipped.degraded is not None and "not retried yet" in skipped.degraded
+    healthy = xs(task="b1")  # another domain: reserved as usual
+    await stage.on_request(healthy)
+    assert healthy.degraded is None and healthy.ticket is not None and healthy.ticket.admitted
+    assert store.reserves == Counter({"a": 1, "b": 1})
+    clock.ms += STORE_RETRY_MS
+    store.fail.clear()
+    back = xs(task="a2")
+    await stage.on_request(back)
+    assert back.degraded is None and store.reserves["a"] == 2
+
+
+async def test_a_failed_settle_is_recorded_and_does_not_raise() -> None:
+    xs = Exchanges()
+    store = CountingStore(MemoryStore())
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    ex = xs()
+    await stage.on_request(ex)
+    answer(ex, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    store.fail_settle = True
+    await stage.on_end(ex)
+    span = xs.finished(ex)
+    assert span.attributes[sc.DEGRADED] is True
+    assert [e.attributes["reason"] for e in span.events if e.name == sc.EVENT_DEGRADED] == \
+        ["settle failed: ConnectionError"]

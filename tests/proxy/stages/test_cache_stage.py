@@ -1,0 +1,219 @@
+"""The cache stage on exchanges without a server, with the real MemoryEvidenceStore and
+PrincipalResolver: a miss files its evidence only when the answer completed, a hit proposes the
+cached answer, bypasses say why, and an ACL refusal is a miss."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from ragtoll.instrumentation import semconv as sc
+from ragtoll.proxy.cache.entry import Entry
+from ragtoll.proxy.cache.principal import PrincipalResolver
+from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
+from ragtoll.proxy.request.exchange import CacheOutcome, Exchange
+from ragtoll.proxy.request.upstream import UpstreamClient
+from ragtoll.proxy.stages.cache import CACHE_HEADER, CacheStage
+from support.exchanges import UNUSED, Exchanges, answer, results
+
+UPSTREAMS = [
+    {"name": "docs", "kind": "retrieval", "api": "json", "url": UNUSED, "prefix": "/docs",
+     "fields": {"acl": "groups"}},
+    {"name": "openai", "kind": "llm", "api": "openai", "url": UNUSED, "prefix": "/openai"},
+]
+ALICE = {"x-auth-subject": "alice", "x-auth-groups": "staff"}
+BOB = {"x-auth-subject": "bob", "x-auth-groups": "sales"}
+CAROL = {"x-auth-subject": "carol", "x-auth-groups": "staff,ops"}
+QUERY = {"query": "refund window for annual plans", "top_k": 3}
+
+
+class Cache:
+    """A cache stage over header identity (the gateway's x-auth-* headers) and a memory store. The
+    upstream client is built on the unused address: nothing here audits or embeds upstream."""
+
+    def __init__(self, store: Any = None, **raw: Any) -> None:
+        self.xs = Exchanges(upstreams=UPSTREAMS, identity={"mode": "header"}, **raw)
+        self.store = store if store is not None else MemoryEvidenceStore()
+        self.client = UpstreamClient(self.xs.settings.upstreams)
+        self.stage = CacheStage(self.xs.settings, store=self.store, client=self.client,
+                                resolver=PrincipalResolver(self.xs.settings.identity, {}),
+                                tracer_provider=self.xs.tracer_provider)
+
+    async def call(self, who: dict[str, str], body: Any = QUERY, *, route: str = "docs", path: str | None = None,
+                   headers: dict[str, str] | None = None, upstream: Any = None, status: int = 200,
+                   complete: bool = True) -> Exchange:
+        """One call through on_request; unless the stage proposed an answer, `upstream` answers it
+        (streamed through on_chunk); then on_end."""
+        ex = self.xs(route, body, path=path, headers={**who, **(headers or {})})
+        assert await self.stage.on_request(ex) is None  # the cache never answers by itself: it proposes
+        if ex.proposal is None and upstream is not None:
+            raw = answer(ex, upstream, status=status, complete=complete)
+            self.stage.on_chunk(ex, raw[: len(raw) // 2])
+            self.stage.on_chunk(ex, raw[len(raw) // 2:])
+        elif ex.proposal is not None:
+            ex.status, ex.complete = ex.proposal.status, True
+        await self.stage.on_end(ex)
+        return ex
+
+
+@pytest.fixture
+async def cache() -> AsyncIterator[Cache]:
+    c = Cache()
+    yield c
+    await c.client.aclose()
+
+
+def staff_results(ids: Sequence[str]) -> dict[str, Any]:
+    return results(ids, groups=["staff"])
+
+
+# --- a miss, filed in on_end ------------------------------------------------------------------------
+
+async def test_a_miss_files_its_answer_and_the_repeat_is_proposed(cache: Cache) -> None:
+    miss = await cache.call(ALICE, upstream=staff_results(["a", "b", "c"]))
+    assert miss.cache == CacheOutcome("miss")
+    assert cache.stage.pending_filings == 0
+    span = cache.xs.finished(miss)
+    assert (span.attributes[sc.CACHE_RESULT], span.attributes[sc.CACHE_HIT]) == ("miss", False)
+    hit = await cache.call(ALICE)
+    assert hit.proposal is not None and hit.proposal.status == 200
+    assert orjson.loads(hit.proposal.body) == staff_results(["a", "b", "c"])
+    assert (CACHE_HEADER, b"hit; tier=exact") in hit.proposal.headers
+    assert hit.cache == CacheOutcome("hit", "exact", 1.0)
+    attrs = cache.xs.finished(hit).attributes
+    assert (attrs[sc.CACHE_RESULT], attrs[sc.CACHE_HIT], attrs[sc.CACHE_TIER]) == ("hit", True, "exact")
+
+
+@pytest.mark.parametrize("how", ["cut_short", "status_500", "outcome_error", "no-store"])
+async def test_a_miss_whose_answer_did_not_end_well_is_not_filed(cache: Cache, how: str) -> None:
+    kwargs: dict[str, Any] = {"upstream": staff_results(["a", "b", "c"])}
+    if how == "cut_short":
+        kwargs["complete"] = False  # every byte came, but the exchange broke before the body's end
+    elif how == "status_500":
+        kwargs["status"] = 500
+    elif how == "no-store":
+        kwargs["headers"] = {"cache-control": "no-store"}
+    if how == "outcome_error":
+        ex = cache.xs("docs", QUERY, headers=ALICE)
+        await cache.stage.on_request(ex)
+        cache.stage.on_chunk(ex, answer(ex, staff_results(["a", "b", "c"])))
+        ex.outcome = "upstream_error"
+        await cache.stage.on_end(ex)
+    else:
+        await cache.call(ALICE, **kwargs)
+    assert cache.stage.pending_filings == 0
+    again = await cache.call(ALICE)
+    assert again.proposal is None and again.cache == CacheOutcome("miss")
+
+
+async def test_an_answer_past_max_body_bytes_is_not_filed() -> None:
+    c = Cache(cache={"max_body_bytes": 100})
+    try:
+        await c.call(ALICE, upstream=staff_results(["a", "b", "c"]))  # about 250 bytes
+        assert (await c.call(ALICE)).proposal is None
+    finally:
+        await c.client.aclose()
+
+
+async def test_a_hit_for_fewer_results_is_trimmed_to_top_k(cache: Cache) -> None:
+    await cache.call(ALICE, upstream=staff_results(["a", "b", "c"]))
+    hit = await cache.call(ALICE, {**QUERY, "top_k": 2})
+    assert hit.proposal is not None
+    assert [r["id"] for r in orjson.loads(hit.proposal.body)["results"]] == ["a", "b"]
+    wider = await cache.call(ALICE, {**QUERY, "top_k": 5})  # more than was fetched: a miss
+    assert wider.proposal is None and cache.xs.finished(wider).attributes[sc.CACHE_REASON] == "top_k"
+
+
+# --- ACLs --------------------------------------------------------------------------------------------
+
+async def test_a_principal_outside_the_chunks_acl_gets_a_miss(cache: Cache) -> None:
+    await cache.call(ALICE, upstream=staff_results(["a", "b", "c"]))
+    denied = await cache.call(BOB)
+    assert denied.proposal is None and denied.cache == CacheOutcome("miss")
+    assert cache.xs.finished(denied).attributes[sc.CACHE_REASON] == "acl:denied"
+    shared = await cache.call(CAROL)  # another member of the group is served
+    assert shared.proposal is not None
+
+
+async def test_chunks_without_an_acl_are_served_only_to_who_fetched_them(cache: Cache) -> None:
+    await cache.call(ALICE, upstream=results(["a", "b", "c"]))  # no `groups` on the results
+    assert (await cache.call(CAROL)).proposal is None
+    assert (await cache.call(ALICE)).proposal is not None
+
+
+# --- bypasses ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("who", "body", "reason"), [
+    ({"x-auth-groups": "staff"}, QUERY, "identity:missing"),
+    (ALICE, b'{"query": "refund', "parse_error"),
+    (ALICE, {"top_k": 3}, "no_query"),
+    (ALICE, {"query": "   ", "top_k": 3}, "no_query"),
+    (ALICE, {"vector": [0.1, 0.2], "top_k": 3}, "no_query"),
+])
+async def test_bypass_reasons(cache: Cache, who: dict[str, str], body: Any, reason: str) -> None:
+    ex = await cache.call(who, body, upstream=staff_results(["a"]))
+    assert ex.cache == CacheOutcome("bypass") and ex.proposal is None
+    attrs = cache.xs.finished(ex).attributes
+    assert (attrs[sc.CACHE_RESULT], attrs[sc.CACHE_HIT], attrs[sc.CACHE_REASON]) == ("bypass", False, reason)
+
+
+async def test_no_cache_bypasses_the_lookup_but_files_the_answer(cache: Cache) -> None:
+    await cache.call(ALICE, upstream=staff_results(["a", "b", "c"]))
+    fresh = await cache.call(ALICE, headers={"cache-control": "no-cache"}, upstream=staff_results(["x", "y", "z"]))
+    assert fresh.proposal is None and cache.xs.finished(fresh).attributes[sc.CACHE_REASON] == "no-cache"
+    hit = await cache.call(ALICE)
+    assert hit.proposal is not None
+    assert [r["id"] for r in orjson.loads(hit.proposal.body)["results"]] == ["x", "y", "z"]  # the fresher answer
+
+
+async def test_calls_the_cache_does_not_serve_get_no_outcome(cache: Cache) -> None:
+    chat = await cache.call(ALICE, {"model": "gpt-4o-mini", "messages": []}, route="openai")
+    get = cache.xs("docs", QUERY, headers=ALICE, method="GET")
+    await cache.stage.on_request(get)
+    assert chat.cache is None and get.cache is None
+
+
+class BrokenStore(MemoryEvidenceStore):
+    """An evidence store whose reads fail (a Redis that went away)."""
+
+    async def get(self, pkey: str, qkey: str) -> Entry | None:
+        raise ConnectionError("evidence store down")
+
+    async def get_many(self, pkey: str, qkeys: Sequence[str]) -> list[Entry | None]:
+        raise ConnectionError("evidence store down")
+
+    async def nearest(self, pkey: str, vector: np.ndarray, min_similarity: float, limit: int,
+                      *args: Any, **kwargs: Any) -> Any:
+        raise ConnectionError("evidence store down")
+
+
+async def test_a_failing_store_is_a_bypass_never_an_error() -> None:
+    c = Cache(store=BrokenStore())
+    try:
+        ex = await c.call(ALICE, upstream=staff_results(["a"]))
+    finally:
+        await c.client.aclose()
+    assert ex.cache == CacheOutcome("bypass") and ex.proposal is None
+    span = c.xs.finished(ex)
+    assert span.attributes[sc.CACHE_REASON] == "store_error"
+    assert [e.attributes["exception.type"] for e in span.events if e.name == "exception"] == ["ConnectionError"]
+
+
+# --- exact caches (embeddings) -----------------------------------------------------------------------
+
+EMBED = {"model": "text-embedding-3-small", "input": ["refund window"]}
+VECTORS = {"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1, 0.2]}],
+           "model": "text-embedding-3-small", "usage": {"prompt_tokens": 2, "total_tokens": 2}}
+
+
+async def test_embeddings_are_cached_exactly_and_per_caller(cache: Cache) -> None:
+    path = "/v1/embeddings"
+    await cache.call(ALICE, EMBED, route="openai", path=path, upstream=VECTORS)
+    same = await cache.call(ALICE, {"input": ["refund window"], "model": "text-embedding-3-small"},
+                            route="openai", path=path)  # the same JSON, keys in another order
+    assert same.proposal is not None and orjson.loads(same.proposal.body) == VECTORS
+    other = await cache.call(BOB, EMBED, route="openai", path=path)
+    assert other.proposal is None and other.cache == CacheOutcome("miss")

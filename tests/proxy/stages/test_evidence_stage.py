@@ -1,0 +1,122 @@
+"""The evidence stage on exchanges without a server: `x-ragtoll-evidence` from what the budget
+worked out (`ticket.new_chunks`), and the context landfill counted across a task's calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import http_sfv
+import pytest
+from ragtoll.instrumentation import semconv as sc
+from ragtoll.proxy.core.budget import Charge, Reservation, Ticket
+from ragtoll.proxy.request.exchange import Exchange
+from ragtoll.proxy.stages.evidence import EVIDENCE_HEADER, EvidenceStage
+from support.exchanges import Exchanges, answer, results
+
+PASSAGES = ["Refunds on annual plans are allowed within 30 days of purchase.",
+            "Monthly plans renew automatically on the first day of the month.",
+            "Enterprise contracts are refunded pro rata after the first quarter."]
+ANSWER = {"results": [{"id": f"c{i}", "text": t, "score": round(0.9 - i / 10, 2)} for i, t in enumerate(PASSAGES)]}
+
+
+def ticket(new_chunks: int | None) -> Ticket:
+    return Ticket(True, Charge(retrieval_calls=1), Reservation(), {}, "p", False, new_chunks=new_chunks)
+
+
+def header(ex: Exchange) -> http_sfv.Dictionary | None:
+    raw = next((v for k, v in ex.response_headers if k == EVIDENCE_HEADER), None)
+    if raw is None:
+        return None
+    parsed = http_sfv.Dictionary()
+    parsed.parse(raw)
+    return parsed
+
+
+def chat(*texts: str) -> dict[str, Any]:
+    return {"model": "gpt-4o-mini", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "\n".join(texts)}]}
+
+
+async def retrieve(stage: EvidenceStage, xs: Exchanges, task: str = "task-1", status: int = 200) -> None:
+    ex = xs("docs", {"query": "refunds", "top_k": 3}, task=task)
+    answer(ex, ANSWER, status=status)
+    await stage.on_end(ex)
+
+
+async def ask(stage: EvidenceStage, xs: Exchanges, *texts: str, task: str = "task-1") -> dict[str, Any]:
+    ex = xs("openai", chat(*texts), task=task)
+    answer(ex, {"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 1}})
+    await stage.on_end(ex)
+    return dict(xs.finished(ex).attributes)
+
+
+# --- x-ragtoll-evidence -------------------------------------------------------------------------------
+
+async def test_header_describes_the_answer_with_the_budgets_new_chunk_count() -> None:
+    xs = Exchanges()
+    ex = xs("docs", {"query": "refunds", "top_k": 3})
+    answer(ex, ANSWER)
+    ex.ticket = ticket(new_chunks=2)
+    await EvidenceStage().on_response(ex)
+    parsed = header(ex)
+    assert parsed is not None
+    assert (parsed["n"].value, parsed["new"].value) == (3, 2)
+    assert float(parsed["top"].value) == 0.9 and float(parsed["margin"].value) == 0.2
+
+
+async def test_no_header_without_a_new_chunk_count_or_without_chunks() -> None:
+    xs = Exchanges()
+    unbudgeted = xs("docs", {"query": "refunds", "top_k": 3})
+    answer(unbudgeted, ANSWER)
+    await EvidenceStage().on_response(unbudgeted)  # no ticket: the budget did not apply
+    unparsed = xs("docs", {"query": "refunds", "top_k": 3})
+    answer(unparsed, b"not json")
+    unparsed.ticket = ticket(new_chunks=0)
+    await EvidenceStage().on_response(unparsed)
+    counted_later = xs("docs", {"query": "refunds", "top_k": 3})
+    answer(counted_later, results(["a"]))
+    counted_later.ticket = ticket(new_chunks=None)
+    await EvidenceStage().on_response(counted_later)
+    assert [header(e) for e in (unbudgeted, unparsed, counted_later)] == [None, None, None]
+
+
+# --- the context landfill -----------------------------------------------------------------------------
+
+async def test_landfill_counts_evidence_and_what_an_earlier_prompt_already_sent() -> None:
+    xs, stage = Exchanges(), EvidenceStage()
+    await retrieve(stage, xs)
+    first = await ask(stage, xs, "Context:", f"[1] {PASSAGES[0]}", "When can I get a refund?")
+    assert first[sc.EVIDENCE_PROMPT_TOKENS] > 0 and first[sc.EVIDENCE_DUPLICATE_TOKENS] == 0
+    second = await ask(stage, xs, "Context:", f"[1] {PASSAGES[0]}", f"[2] {PASSAGES[1]}", "And monthly?")
+    assert second[sc.EVIDENCE_DUPLICATE_TOKENS] == first[sc.EVIDENCE_PROMPT_TOKENS]  # passage 0, again
+    assert second[sc.EVIDENCE_PROMPT_TOKENS] > first[sc.EVIDENCE_PROMPT_TOKENS]
+
+
+async def test_a_prompt_with_no_retrieved_evidence_is_not_measured() -> None:
+    xs, stage = Exchanges(), EvidenceStage()
+    await retrieve(stage, xs)
+    attrs = await ask(stage, xs, "Write a haiku about autumn leaves falling on the river.")
+    assert attrs[sc.EVIDENCE_PROMPT_TOKENS] == 0 and attrs[sc.EVIDENCE_DUPLICATE_TOKENS] == 0
+
+
+async def test_evidence_is_per_task() -> None:
+    xs, stage = Exchanges(), EvidenceStage()
+    await retrieve(stage, xs, task="a")
+    attrs = await ask(stage, xs, PASSAGES[0], task="b")
+    assert sc.EVIDENCE_PROMPT_TOKENS not in attrs  # task b retrieved nothing
+
+
+@pytest.mark.parametrize("status", [206, 500])
+async def test_only_a_200_retrieval_brings_evidence(status: int) -> None:
+    xs, stage = Exchanges(), EvidenceStage()
+    await retrieve(stage, xs, status=status)
+    assert sc.EVIDENCE_PROMPT_TOKENS not in await ask(stage, xs, PASSAGES[0])
+
+
+async def test_on_task_end_drops_the_tasks_evidence() -> None:
+    xs, stage = Exchanges(), EvidenceStage()
+    await retrieve(stage, xs, task="a")
+    await retrieve(stage, xs, task="b")
+    stage.on_task_end("a")
+    assert sc.EVIDENCE_PROMPT_TOKENS not in await ask(stage, xs, PASSAGES[0], task="a")
+    assert (await ask(stage, xs, PASSAGES[0], task="b"))[sc.EVIDENCE_PROMPT_TOKENS] > 0  # the other task keeps its own

@@ -1,0 +1,86 @@
+"""The outcome stage on exchanges without a server: a verdict in baggage (`ragtoll.outcome`) is
+recorded through the real TaskEnder into its JSONL sink; anything else is noted, never an error."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from ragtoll.instrumentation import semconv as sc
+from ragtoll.proxy.stages.outcome import OutcomeStage
+from ragtoll.proxy.stores.memory import MemoryStore
+from ragtoll.proxy.tasks.records import JsonlSink, TaskEnder
+from support.exchanges import Exchanges, answer
+
+OK = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+
+
+def verdicts(path: Path) -> list[tuple[str, bool]]:
+    if not path.exists():
+        return []
+    lines = [orjson.loads(line) for line in path.read_bytes().splitlines()]
+    return [(r["task_id"], r["outcome"]["correct"]) for r in lines if r["kind"] == "outcome"]
+
+
+async def run(stage: OutcomeStage, xs: Exchanges, baggage: Mapping[str, str] | None, task: str | None = "task-1",
+              ) -> dict[str, Any]:
+    ex = xs(baggage=baggage, task=task)
+    answer(ex, OK)
+    await stage.on_end(ex)
+    span = xs.finished(ex)
+    return {"attributes": dict(span.attributes), "events": [(e.name, dict(e.attributes or {})) for e in span.events]}
+
+
+@pytest.fixture
+def records(tmp_path: Path) -> Path:
+    return tmp_path / "records.jsonl"
+
+
+def ender_stage(records: Path, timeout_s: float = 1.0) -> OutcomeStage:
+    ender = TaskEnder(MemoryStore(), JsonlSink(str(records)), idle_timeout_s=60)
+    return OutcomeStage(ender.record_outcome, timeout_s)
+
+
+@pytest.mark.parametrize(("raw", "correct"), [("correct", True), ("incorrect", False), (" TRUE ", True),
+                                              ("False", False)])
+async def test_a_verdict_in_baggage_is_recorded_for_the_task(records: Path, raw: str, correct: bool) -> None:
+    await run(ender_stage(records), Exchanges(), {"ragtoll.outcome": raw})
+    assert verdicts(records) == [("task-1", correct)]
+
+
+async def test_no_verdict_records_nothing(records: Path) -> None:
+    stage = ender_stage(records)
+    await run(stage, Exchanges(), None)
+    await run(stage, Exchanges(), {"ragtoll.outcome": "correct"}, task=None)  # no task to give it to
+    assert verdicts(records) == []
+
+
+async def test_an_unknown_verdict_is_noted_on_the_span_and_not_recorded(records: Path) -> None:
+    span = await run(ender_stage(records), Exchanges(), {"ragtoll.outcome": "mostly"})
+    assert verdicts(records) == []
+    assert span["attributes"][sc.BUDGET_NOTES] == (
+        "baggage ragtoll.outcome='mostly' ignored: expected correct or incorrect",)
+
+
+class BrokenSink:
+    """A record sink (the RecordSink protocol) that fails, or never answers."""
+
+    def __init__(self, hang: bool) -> None:
+        self.hang = hang
+
+    async def append(self, records: Sequence[Mapping[str, Any]]) -> None:
+        if self.hang:
+            await asyncio.sleep(3600)
+        raise OSError("disk full")
+
+
+@pytest.mark.parametrize(("hang", "error"), [(False, "OSError"), (True, "TimeoutError")])
+async def test_a_verdict_that_cannot_be_written_is_an_event_not_an_error(hang: bool, error: str) -> None:
+    ender = TaskEnder(MemoryStore(), BrokenSink(hang), idle_timeout_s=60)
+    stage = OutcomeStage(ender.record_outcome, timeout_s=0.05)
+    span = await asyncio.wait_for(run(stage, Exchanges(), {"ragtoll.outcome": "correct"}), 5)
+    assert span["events"] == [(sc.EVENT_DEGRADED, {"reason": f"outcome not recorded: {error}"})]

@@ -1,0 +1,68 @@
+"""The task ender over the memory store: each ended task's record is written once, listeners
+hear of it (a failing one does not stop the others), and a sweep writes in one sink call."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+from ragtoll.proxy.core import budget as bm
+from ragtoll.proxy.core.budget import Charge
+from ragtoll.proxy.stores.base import TaskMeta
+from ragtoll.proxy.stores.memory import MemoryStore
+from ragtoll.proxy.tasks.records import JsonlSink, TaskEnder
+
+
+async def test_task_ender_writes_once_and_tells_listeners() -> None:
+    class Sink:
+        def __init__(self) -> None:
+            self.records: list[dict[str, Any]] = []
+            self.writes = 0
+
+        async def append(self, records: Any) -> None:
+            self.writes += 1
+            self.records.extend(dict(r) for r in records)
+
+    def broken(record: dict[str, Any]) -> None:
+        raise RuntimeError("telemetry hook bug")
+
+    store, sink, seen = MemoryStore(), Sink(), []
+    ender = TaskEnder(store, sink, idle_timeout_s=1.0, wall_ms=lambda: 50_000)
+    ender.listeners += [broken, seen.append]
+    meta = TaskMeta("p", "", "openai", "header", "ab" * 16)
+    done = await store.reserve("a", meta, {}, Charge(steps=1), 10_000)
+    await store.settle("a", done.reservation, bm.Actual(), 10_000)
+    await store.reserve("b", meta, {}, Charge(steps=1), 49_500)
+    d = await store.reserve("c", meta, {}, Charge(steps=1), 10_000)  # still in flight: not idle
+    assert d.admitted
+    assert await ender.sweep() == 1
+    assert [r["task_id"] for r in sink.records] == ["a"] and seen == sink.records and sink.writes == 1
+    record = sink.records[0]
+    assert (record["end_reason"], record["task_source"], record["trace_id"]) == ("idle", "header", "ab" * 16)
+    assert record["ended_at"] == record["started_at"] and record["duration_ms"] == 0
+    assert await ender.end("a", None) is None  # exactly once
+
+
+async def test_a_sweep_writes_its_records_in_one_sink_call(tmp_path: Path) -> None:
+    """One write per sweep, not per task: per-task thread hops fell behind a busy proxy and idle
+    ledgers piled up (about half of 10,000 tasks never ended under 450 calls/s)."""
+    writes: list[int] = []
+
+    class CountingSink(JsonlSink):
+        def _write(self, data: bytes) -> None:
+            writes.append(data.count(b"\n"))
+            super()._write(data)
+
+    sink = CountingSink(str(tmp_path / "tasks.jsonl"))
+    store = MemoryStore()
+    ender = TaskEnder(store, sink, idle_timeout_s=1.0, wall_ms=lambda: 50_000)
+    meta = TaskMeta("p", "", "openai", "header", "ab" * 16)
+    for i in range(500):
+        d = await store.reserve(f"t{i}", meta, {}, Charge(steps=1), 10_000 + i)
+        await store.settle(f"t{i}", d.reservation, bm.Actual(), 10_000 + i)
+    assert await ender.sweep() == 500
+    assert writes == [500]
+    lines = (tmp_path / "tasks.jsonl").read_bytes().splitlines()
+    assert [orjson.loads(line)["task_id"] for line in lines] == [f"t{i}" for i in range(500)]
+    assert await store.idle_tasks(50_000) == [] and await ender.sweep() == 0 and writes == [500]

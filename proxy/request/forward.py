@@ -15,7 +15,7 @@ from typing import Any
 from opentelemetry import trace
 
 from ..errors import BadRequest
-from .exchange import Exchange, Stage
+from .exchange import Exchange, Reply, Stage
 from .inspection import Inspector
 from .upstream import UpstreamClient, UpstreamResponse
 
@@ -113,6 +113,27 @@ class Forwarder:
         ex.complete = True
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
+    async def read_local(self, ex: Exchange, reply: Reply) -> None:
+        """The adapter reads a local answer (a cache hit) as it reads the upstream's: the observation
+        (a retrieval's chunks are the task's evidence) and `on_response` (x-ragtoll-evidence)."""
+        observer = ex.route.adapter.observer(ex.call, reply.status, {"content-type": reply.content_type.decode()})
+        ex.observation = observer.observation
+        inspector = Inspector(observer, content_encoding="", content_type=reply.content_type.decode(),
+                              max_bytes=self._max_inspect, max_event_bytes=self._max_event)
+        plain = inspector.feed(reply.body)
+        inspector.end()
+        if plain is not None:
+            self._chunk(ex, plain)
+        if self._response_stages and ex.call.operation == "retrieval" and reply.status == 200:
+            await self._on_response(ex)
+
+    async def _on_response(self, ex: Exchange) -> None:
+        for stage in self._response_stages:
+            try:
+                await stage.on_response(ex)
+            except Exception as exc:  # noqa: BLE001 - failsafe: a header hook never fails the call
+                ex.span.record_exception(exc)
+
     def _chunk(self, ex: Exchange, plain: bytes) -> bytes | None:
         for stage in self._chunk_stages:
             cut = stage.on_chunk(ex, plain)
@@ -143,11 +164,8 @@ class Forwarder:
         inspector.end()
         if plain is not None:
             self._chunk(ex, plain)  # stages see the body as they would a stream (a cut cannot apply here)
-        for stage in self._response_stages if self._described(ex, response) else ():
-            try:
-                await stage.on_response(ex)
-            except Exception as exc:  # noqa: BLE001 - failsafe: a header hook never fails the call
-                ex.span.record_exception(exc)
+        if self._described(ex, response):
+            await self._on_response(ex)
         ex.complete = True
         ex.bytes_out = len(raw)
         ex.headers_sent = True

@@ -175,6 +175,8 @@ class Pipeline:
             ex.status = reply.status
             if reply.status >= 400:
                 ex.outcome = "rejected"
+            elif reply is ex.proposal and ex.route.adapter.reads_body:
+                await self.forwarder.read_local(ex, reply)
             ex.headers_sent = True
             ex.complete = True
             await _send_reply(send, reply, ex.response_headers)

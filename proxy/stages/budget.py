@@ -351,8 +351,9 @@ class BudgetStage(Stage):
     def _actual(self, ex: Exchange, ticket: Ticket) -> Actual:
         """The call's real use. Unknown pieces keep what was counted or reserved (never less)."""
         res, call, obs = ticket.reservation, ex.call, ex.observation
-        if ticket.charge.cache_hit:
-            return Actual()
+        if ticket.charge.cache_hit:  # charged as a call; its chunks are the task's evidence all the same
+            chunks = tuple(ch.id for ch in obs.chunks) if call.operation == "retrieval" and obs.chunks else None
+            return Actual(chunk_ids=chunks)
         if ex.status is None or ex.status >= 400:  # no answer, or an error answer: nothing was produced
             return Actual()
         u = obs.usage

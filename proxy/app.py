@@ -50,16 +50,12 @@ TRACER_NAME = "ragtoll.proxy"
 log = logging.getLogger("ragtoll")
 
 
-def build_stages(settings: Settings, *, stores: Stores, client: UpstreamClient, resolver: PrincipalResolver,
-                 env: Mapping[str, str], ender: TaskEnder, tracer_provider: Any = None,
-                 meter_provider: Any = None) -> list[Stage]:
+def build_stages(settings: Settings, *, stores: Stores, cache: CacheStage | None, env: Mapping[str, str],
+                 ender: TaskEnder) -> list[Stage]:
     """The ordered stage list (DESIGN.md): the cache (proposes a hit), the budget (charges or refuses
     it, reserves the call), evidence (what the answer brought, the context landfill), the span
     record, and baggage outcomes. `on_end` runs in reverse order."""
-    stages: list[Stage] = []
-    if settings.cache.enabled:
-        stages.append(CacheStage(settings, store=stores.evidence, client=client, resolver=resolver,
-                                 tracer_provider=tracer_provider, meter_provider=meter_provider))
+    stages: list[Stage] = [cache] if cache is not None else []
     if settings.budgets.enabled:
         stages.append(BudgetStage(settings, stores.budget, hmac_key=budget_hmac_key(settings, env)))
     stages.append(EvidenceStage())
@@ -132,9 +128,10 @@ class RagtollApp:
         ender = TaskEnder(stores.budget, open_sink(stores.budget, budgets.records_file,
                                                    max_bytes=budgets.records_max_bytes, keep=budgets.records_keep),
                           self.settings.tasks.idle_timeout_s)
-        stages = build_stages(self.settings, stores=stores, client=client, resolver=self.resolver, env=self.env,
-                              ender=ender, tracer_provider=self.tracer_provider, meter_provider=self.meter_provider)
-        self.cache = next((s for s in stages if isinstance(s, CacheStage)), None)
+        self.cache = CacheStage(self.settings, store=stores.evidence, client=client, resolver=self.resolver,
+                                tracer_provider=self.tracer_provider, meter_provider=self.meter_provider) \
+            if self.settings.cache.enabled else None
+        stages = build_stages(self.settings, stores=stores, cache=self.cache, env=self.env, ender=ender)
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.tracer,
                                  on_end=self._record_call)
         ender.listeners.append(self._task_ended)

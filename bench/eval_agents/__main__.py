@@ -1,13 +1,14 @@
 """Does a budget stop the loop or the answer? Agent styles x one workload, shadow vs enforced.
 
     python -m bench.eval_agents [--quick] [--config ragtoll.yaml] [--recommend] [--records DIR]
-                                [--out bench/results/eval_agents.json] [--styles lean,runaway]
+                                [--out bench/results/eval_agents.json] [--styles lean,runaway] [--check]
 
 Run 1, shadow: budgets evaluated, nothing rejected, evidence cache off (the baseline). Run 2,
 enforced: the config under test (`--config`, a ragtoll YAML: its `budgets`, `cache` and `pricing`
 apply; default: ragtoll's embedded defaults, i.e. no budgets section). With `--recommend`, run 3:
 `ragtoll recommend` over the shadow run's task records, its snippet pasted under `budgets:` of the
-same config, enforced. Prints one table per enforced run and writes everything as JSON.
+same config, enforced. Prints one table per enforced run and writes everything as JSON; with
+`--check`, exits 1 when an enforced run misses one of the targets (scoring.py).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recommend", action="store_true", help="also run with `ragtoll recommend`'s limits")
     ap.add_argument("--records", help="keep the task records (and the recommended YAML) in this directory")
     ap.add_argument("--out", default=DEFAULT_OUT, help="JSON results (default bench/results/eval_agents.json)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when an enforced run misses a target")
     ap.add_argument("--styles", default=",".join(STYLES), help=f"comma-separated subset of {','.join(STYLES)}")
     args = ap.parse_args(argv)
     styles = tuple(s for s in args.styles.split(",") if s)
@@ -107,7 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.out, "wb") as fh:
         fh.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
     w(f"wrote {args.out}; finished in {out['seconds']:.1f} s\n")
-    return 0
+    missed = [f"{label}: {name}" for label, c in out["comparisons"].items()
+              for name, t in c["targets"].items() if not t["pass"]]
+    return 1 if args.check and missed else 0
 
 
 if __name__ == "__main__":

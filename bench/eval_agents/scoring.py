@@ -275,6 +275,18 @@ def table(c: Comparison) -> str:
     return render_table(header, body)
 
 
+def short_stop(r: TaskScore) -> str:
+    if not r.stop.startswith("no answer"):
+        return r.stop.split(":")[0]
+    if "fatal for this agent" in r.stop:
+        return "no answer: the agent ends the task on a tool error"
+    if "final call failed" in r.stop:
+        return "no answer: its last call (tool_choice none) refused"
+    if "HTTP 429" in r.stop:
+        return "no answer: an LLM call refused"
+    return r.stop[:80]
+
+
 def details(c: Comparison) -> str:
     out = []
     lost = [r for r in c.tasks if r.lost]
@@ -282,15 +294,22 @@ def details(c: Comparison) -> str:
     for r in lost:
         refused = ", ".join(f"{k} x{v}" for k, v in r.refused.items()) or "nothing"
         timing = " [timing-dependent: a wall-clock limit]" if "max_latency_ms" in r.refused else ""
-        out.append(f"  {r.id} {r.question!r}{timing}\n      refused: {refused}; {r.stop}")
+        out.append(f"  {r.id:<16} refused {refused}; {short_stop(r)}{timing}")
     refused = c.overall.refused
     out.append("tasks with a call refused, by limit: "
                + (", ".join(f"{k} {v}" for k, v in sorted(refused.items())) or "none"))
-    bad = [r for r in c.tasks if r.runaway and r.fruitless_enforced > RUNAWAY_FRUITLESS]
-    out.append(f"runaways (>{RUNAWAY_FRUITLESS} fruitless retrievals in shadow): {c.overall.runaways}; "
+    runaways = [r for r in c.tasks if r.runaway]
+    bad = [r for r in runaways if r.fruitless_enforced > RUNAWAY_FRUITLESS]
+    out.append(f"runaways (>{RUNAWAY_FRUITLESS} fruitless retrievals in shadow): {len(runaways)}; "
                f"not stopped within {RUNAWAY_FRUITLESS}: {len(bad)}" + (":" if bad else ""))
-    for r in bad:
-        out.append(f"  {r.id}: {r.fruitless_shadow} fruitless in shadow, {r.fruitless_enforced} enforced; {r.stop}")
+    for style in dict.fromkeys(r.style for r in bad):
+        rows = [r for r in bad if r.style == style]
+        ends: dict[str, int] = {}
+        for r in rows:
+            ends[short_stop(r)] = ends.get(short_stop(r), 0) + 1
+        out.append(f"  {style}: {', '.join(r.id for r in rows)}; fruitless retrievals "
+                   f"{min(r.fruitless_enforced for r in rows)}-{max(r.fruitless_enforced for r in rows)}; "
+                   + ", ".join(f"{k} ({v})" for k, v in ends.items()))
     t = c.targets
     lines = [
         ("0 lost answers on every style", t["no_lost_answers_per_style"]["pass"],
@@ -303,7 +322,7 @@ def details(c: Comparison) -> str:
          f"{c.overall.runaways_stopped}/{c.overall.runaways}"),
         ("0 SDK retries", t["no_sdk_retries"]["pass"], str(t["no_sdk_retries"]["retries"])),
     ]
-    out.append("targets:")
+    out.append(f"targets ({c.label}):")
     out.extend(f"  {'PASS' if ok else 'FAIL'}  {name}: {what}" for name, ok, what in lines)
     return "\n".join(out) + "\n"
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -24,7 +25,7 @@ from starlette.routing import Route
 
 from ...core import tokens
 from .corpus import INDEX_VERSION, PRINCIPALS, Chunk, Index
-from .policy import decide
+from .policy import Action, decide
 from .text import overlap, sentences
 
 MODEL = "gpt-4o"
@@ -124,7 +125,9 @@ def _prompt_texts(body: dict[str, Any]) -> list[str]:
     return texts
 
 
-def llm_app() -> Starlette:
+def llm_app(policy: Callable[..., Action] = decide) -> Starlette:
+    """`policy(messages, final=...)` picks each reply; the demo's scripted agent policy by default
+    (bench/eval_agents passes one that dispatches on the agent's system prompt)."""
     served: Counter[str] = Counter()
     ids = itertools.count(1)
 
@@ -136,7 +139,7 @@ def llm_app() -> Starlette:
             return _error(400, "the demo LLM does not stream; call it without stream=true")
         served["chat"] += 1
         final = not body.get("tools") or body.get("tool_choice") == "none"
-        action = decide([m for m in body["messages"] if isinstance(m, dict)], final=final)
+        action = policy([m for m in body["messages"] if isinstance(m, dict)], final=final)
         n = next(ids)
         if action.answer is not None:
             message: dict[str, Any] = {"role": "assistant", "content": action.answer}

@@ -1,0 +1,118 @@
+"""Does a budget stop the loop or the answer? Agent styles x one workload, shadow vs enforced.
+
+    python -m bench.eval_agents [--quick] [--config ragtoll.yaml] [--recommend] [--records DIR]
+                                [--out bench/results/eval_agents.json] [--styles lean,runaway] [--check]
+
+Run 1, shadow: budgets evaluated, nothing rejected, evidence cache off (the baseline). Run 2,
+enforced: the config under test (`--config`, a ragtoll YAML: its `budgets`, `cache` and `pricing`
+apply; default: ragtoll's embedded defaults, i.e. no budgets section). With `--recommend`, run 3:
+`ragtoll recommend` over the shadow run's task records, its snippet pasted under `budgets:` of the
+same config, enforced. Prints one table per enforced run and writes everything as JSON; with
+`--check`, exits 1 when an enforced run misses one of the targets (scoring.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+import orjson
+import yaml
+from ragtoll.proxy.tools import report
+
+from . import harness, scoring
+from .workload import STYLES, load_gold, load_tasks
+
+DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "eval_agents.json")
+
+
+def recommended(records_file: str) -> str:
+    """`ragtoll recommend <records_file>` with its defaults (p95 x 1.2), as the YAML it prints."""
+    return report.format_advice(report.recommend(report.read_jsonl(records_file)), 95.0, 1.2)
+
+
+def with_recommendation(raw: dict[str, Any], snippet: str) -> dict[str, Any]:
+    """The config with the snippet pasted under `budgets:`: each profile recommend speaks of gets
+    exactly its limits; a configured profile no task used (so absent from the snippet) stays."""
+    doc = copy.deepcopy(raw)
+    pasted = ((yaml.safe_load(snippet) or {}).get("budgets") or {}).get("profiles") or {}
+    budgets = doc.setdefault("budgets", {})
+    budgets["profiles"] = {**(budgets.get("profiles") or {}), **{k: v or {} for k, v in pasted.items()}}
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.eval_agents", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the first 3 tasks of each style")
+    ap.add_argument("--config", help="ragtoll YAML under test (default: the embedded defaults)")
+    ap.add_argument("--recommend", action="store_true", help="also run with `ragtoll recommend`'s limits")
+    ap.add_argument("--records", help="keep the task records (and the recommended YAML) in this directory")
+    ap.add_argument("--out", default=DEFAULT_OUT, help="JSON results (default bench/results/eval_agents.json)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when an enforced run misses a target")
+    ap.add_argument("--styles", default=",".join(STYLES), help=f"comma-separated subset of {','.join(STYLES)}")
+    args = ap.parse_args(argv)
+    styles = tuple(s for s in args.styles.split(",") if s)
+    if unknown := set(styles) - set(STYLES):
+        ap.error(f"unknown styles: {', '.join(sorted(unknown))}")
+    raw: dict[str, Any] = {}
+    if args.config:
+        with open(args.config, encoding="utf-8") as fh:
+            raw = yaml.safe_load(fh) or {}
+        for key in ("upstreams", "admin", "identity", "tasks"):  # the harness sets these
+            raw.pop(key, None)
+    config_name = args.config or "ragtoll's embedded defaults (no budgets section)"
+    tasks, gold = load_tasks(args.quick, styles), load_gold()
+    counts = {s: sum(1 for t in tasks if t.style == s) for s in styles}
+    t0 = time.perf_counter()
+    out: dict[str, Any] = {"tasks": len(tasks), "per_style": counts, "quick": args.quick, "config": config_name}
+    w = sys.stdout.write
+    w(f"eval_agents: {len(tasks)} tasks ({', '.join(f'{n} {s}' for s, n in counts.items())})\n"
+      f"run 1 shadow (nothing rejected, cache off); run 2 enforced: {config_name}"
+      + ("; run 3 enforced: `ragtoll recommend` over run 1, pasted under budgets:" if args.recommend else "")
+      + "\nnumbers: ragtoll's task records and call spans\n\n")
+    with tempfile.TemporaryDirectory(prefix="ragtoll-eval-") as tmp, harness.stack_up() as stack:
+        shadow, shadow_file = harness.run_workload(stack, "shadow", tasks, gold, raw, shadow=True, workdir=tmp)
+        runs = [("enforced", raw)]
+        snippet = None
+        if args.recommend:
+            snippet = recommended(shadow_file)
+            runs.append(("recommend", with_recommendation(raw, snippet)))
+            out["recommend_yaml"] = snippet
+        files = {"shadow": shadow_file}
+        out["comparisons"] = {}
+        for label, cfg in runs:
+            enforced, files[label] = harness.run_workload(stack, label, tasks, gold, cfg, shadow=False, workdir=tmp)
+            c = scoring.compare(label, shadow, enforced, gold)
+            title = config_name if label == "enforced" else "`ragtoll recommend` limits (p95 x 1.2 of correct shadow tasks)"
+            w(f"== {label}: {title}\n")
+            w(scoring.table(c))
+            w(scoring.details(c))
+            w("\n")
+            out["comparisons"][label] = scoring.as_json(c)
+        if args.records:
+            os.makedirs(args.records, exist_ok=True)
+            for label, path in files.items():
+                shutil.copyfile(path, os.path.join(args.records, f"{label}.jsonl"))
+            if snippet is not None:
+                with open(os.path.join(args.records, "recommend.yaml"), "w", encoding="utf-8") as fh:
+                    fh.write(snippet)
+    if snippet is not None:
+        w("the recommended limits (run 3):\n" + snippet + "\n")
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "wb") as fh:
+        fh.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
+    w(f"wrote {args.out}; finished in {out['seconds']:.1f} s\n")
+    missed = [f"{label}: {name}" for label, c in out["comparisons"].items()
+              for name, t in c["targets"].items() if not t["pass"]]
+    return 1 if args.check and missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

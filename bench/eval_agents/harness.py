@@ -1,0 +1,207 @@
+"""Runs the workload through ragtoll: the stack, ragtoll's config per run, the agents, and what each
+run leaves behind (task records, per-call spans, the agents' own logs).
+
+The stack is the demo's (ragtoll.proxy.tools.demo.services) on loopback: BM25 retrieval over the
+demo corpus plus data/corpus_extra.jsonl, the Cohere-shaped reranker, and the OpenAI-compatible
+scripted LLM, here answering with `policies.decide`. ragtoll runs in-process (`build_app`) in front
+of it with the demo's routes, prices and identity mode; budgets and cache come from the config
+under test. Per call, ragtoll's own span (read from an in-memory exporter) gives the call's cost,
+so the harness can price a prefix of a task (the oracle) in ragtoll's numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import os
+import secrets
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import openai
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from ragtoll.proxy import config
+from ragtoll.proxy.app import build_app
+from ragtoll.proxy.tools import report
+from ragtoll.proxy.tools.demo import scoring as demo_scoring
+from ragtoll.proxy.tools.demo import services
+from ragtoll.proxy.tools.demo.corpus import PRINCIPALS
+from ragtoll.proxy.tools.demo.runner import PRICING
+from ragtoll.proxy.tools.demo.serving import serve
+
+from . import agents, policies
+from .workload import Gold, Task, load_chunks
+
+CALL_OPERATIONS = ("chat", "retrieval", "rerank")
+
+
+@dataclass
+class Stack:
+    llm: str
+    docs: str
+    rerank: str
+
+
+@contextlib.contextmanager
+def stack_up() -> Iterator[Stack]:
+    with (
+        serve(services.llm_app(policies.decide)) as llm,
+        serve(services.retrieval_app(load_chunks())) as docs,
+        serve(services.rerank_app()) as rr,
+    ):
+        yield Stack(llm, docs, rr)
+
+
+def routes(stack: Stack) -> list[dict[str, Any]]:
+    """The demo's three routes (README, "The config the demo builds")."""
+    return [
+        {"name": "llm", "kind": "llm", "api": "openai", "url": stack.llm, "prefix": "/llm"},
+        {
+            "name": "docs", "kind": "retrieval", "api": "json", "url": stack.docs, "prefix": "/docs",
+            "fields": {"query": "query", "top_k": "top_k", "results": "results", "id": "id", "text": "text",
+                       "score": "score", "acl": "metadata.groups", "version_header": "x-index-version"},
+        },
+        {"name": "rerank", "kind": "rerank", "api": "cohere", "url": stack.rerank, "prefix": "/rerank"},
+    ]
+
+
+def settings_for(
+    stack: Stack, raw: Mapping[str, Any], *, shadow: bool, records_file: str, token_file: str
+) -> config.Settings:
+    """ragtoll's settings for one run: the config under test (`raw`, a parsed YAML mapping; empty =
+    the embedded defaults), with the harness's routes, admin token, records file, identity mode and
+    the demo's prices for what the config does not price. Shadow: every profile in `mode: shadow`,
+    the evidence cache off (the baseline). Enforced: as configured."""
+    doc = copy.deepcopy(dict(raw))
+    doc["upstreams"] = routes(stack)
+    doc["server"] = {**doc.get("server", {}), "host": "127.0.0.1"}
+    doc["admin"] = {"token_file": token_file}
+    doc["tasks"] = {"untracked": "reject", "idle_timeout_s": 300}
+    doc["identity"] = {"mode": "header"}
+    doc["pricing"] = {**copy.deepcopy(PRICING), **doc.get("pricing", {})}
+    budgets = doc.setdefault("budgets", {})
+    budgets["records_file"] = records_file
+    if shadow:
+        budgets["mode"] = "shadow"
+        for profile in (budgets.get("profiles") or {}).values():
+            if isinstance(profile, dict):
+                profile.pop("mode", None)
+        doc["cache"] = {**doc.get("cache", {}), "enabled": False}
+    return config.parse(doc)
+
+
+class Attempts:
+    """httpx request hook of the agents' SDK client: LLM requests sent per task, and how many of
+    them were the SDK's retries (the openai SDK numbers each attempt in `x-stainless-retry-count`)."""
+
+    def __init__(self) -> None:
+        self.sent: Counter[str] = Counter()
+        self.retries: Counter[str] = Counter()
+
+    def __call__(self, request: httpx.Request) -> None:
+        task = _baggage_task(request.headers.get("baggage", ""))
+        self.sent[task] += 1
+        if request.headers.get("x-stainless-retry-count", "0") not in ("", "0"):
+            self.retries[task] += 1
+
+
+def _baggage_task(baggage: str) -> str:
+    for member in baggage.split(","):
+        key, _, value = member.strip().partition("=")
+        if key == "ragtoll.task.id":
+            return value
+    return ""
+
+
+@dataclass(frozen=True)
+class CallSpan:
+    operation: str  # chat | retrieval | rerank
+    cost_usd: float  # 0 when ragtoll rejected the call (no upstream call, nothing settled)
+
+
+@dataclass
+class TaskRun:
+    task: Task
+    task_id: str
+    answer: str | None
+    stopped: str | None
+    correct: bool
+    tool_log: list[agents.ToolCall]
+    tool_errors: list[str]
+    llm_sent: int  # LLM requests the SDK sent (retries included)
+    sdk_retries: int
+    calls: list[CallSpan]  # ragtoll's call spans of the task, in order
+    record: dict[str, Any]  # ragtoll's task record
+
+
+def run_workload(
+    stack: Stack, label: str, tasks: list[Task], gold: Mapping[str, Gold], raw: Mapping[str, Any], *,
+    shadow: bool, workdir: str,
+) -> tuple[list[TaskRun], str]:
+    """Every task through ragtoll, one fresh ragtoll per style (so the evidence cache, when the
+    config turns it on, serves a task what its own or an earlier task of its style fetched, never
+    what another style's agent fetched: fatal and passes ask the same questions); returns the runs
+    and the path of the task records."""
+    records_file = os.path.join(workdir, f"{label}.jsonl")
+    token_file = os.path.join(workdir, "admin-token")
+    if not os.path.exists(token_file):
+        with open(token_file, "w") as fh:
+            fh.write(secrets.token_urlsafe(24))
+    with open(token_file) as fh:
+        token = fh.read().strip()
+    settings = settings_for(stack, raw, shadow=shadow, records_file=records_file, token_file=token_file)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    attempts = Attempts()
+    partial: list[tuple[Task, str, agents.Result, bool, agents.LoggedTools]] = []
+    styles = list(dict.fromkeys(t.style for t in tasks))
+    for style in styles:
+        app = build_app(settings, tracer_provider=provider)
+        with (
+            serve(app) as base,
+            openai.OpenAI(
+                base_url=f"{base}/llm/v1", api_key="sk-eval-not-a-real-key", timeout=60,
+                http_client=openai.DefaultHttpxClient(event_hooks={"request": [attempts]}),
+            ) as llm,  # SDK defaults otherwise: max_retries=2
+            httpx.Client(timeout=60) as http,
+        ):
+            for task in (t for t in tasks if t.style == style):
+                task_id = f"eval-{label}-{task.id}"
+                headers = {
+                    "baggage": f"ragtoll.task.id={task_id}",
+                    "x-auth-subject": task.principal,
+                    "x-auth-groups": ",".join(PRINCIPALS[task.principal]),
+                }
+                tools = agents.LoggedTools(http, base, headers)
+                result = agents.run(task.style, llm, tools, task.question)
+                correct = demo_scoring.judge(result.answer, gold[task.id].answer)
+                resp = http.post(f"{base}/admin/tasks/{task_id}/end", json={"correct": correct},
+                                 headers={"authorization": f"Bearer {token}"})
+                if resp.status_code != 200:
+                    raise RuntimeError(f"ending task {task_id} failed: HTTP {resp.status_code} {resp.text[:300]}")
+                partial.append((task, task_id, result, correct, tools))
+    provider.shutdown()
+    calls: dict[str, list[tuple[int, CallSpan]]] = {}
+    for span in exporter.get_finished_spans():
+        attrs = span.attributes or {}
+        op = attrs.get("gen_ai.operation.name")
+        if op in CALL_OPERATIONS and "ragtoll.task.id" in attrs:
+            calls.setdefault(str(attrs["ragtoll.task.id"]), []).append(
+                (span.start_time or 0, CallSpan(str(op), float(attrs.get("ragtoll.cost.usd", 0.0)))))
+    records = {r["task_id"]: r for r in report.read_jsonl(records_file)}
+    runs = []
+    for task, task_id, result, correct, tools in partial:
+        if task_id not in records:
+            raise RuntimeError(f"no task record for {task_id} in {records_file}")
+        runs.append(TaskRun(
+            task, task_id, result.answer, result.stopped, correct, tools.log, result.tool_errors,
+            attempts.sent[task_id], attempts.retries[task_id],
+            [c for _, c in sorted(calls.get(task_id, []), key=lambda sc: sc[0])], records[task_id],
+        ))
+    return runs, records_file

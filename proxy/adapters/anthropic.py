@@ -58,6 +58,25 @@ class AnthropicAdapter:
         return (b"event: message_delta\ndata: " + orjson.dumps(delta) + b"\n\n"
                 b"event: message_stop\ndata: " + orjson.dumps({"type": "message_stop"}) + b"\n\n")
 
+    def finish(self, path: str, body: bytes, note: str | None) -> bytes | None:
+        """The request made to answer now: `tool_choice: {"type": "none"}` (the tools stay defined:
+        the transcript's tool_use blocks need them), `note` added to the last user turn."""
+        doc, _error = json_body(body)
+        if doc is None or not path.rstrip("/").endswith("/messages"):
+            return None
+        if doc.get("tools"):
+            doc["tool_choice"] = {"type": "none"}
+        messages = doc.get("messages")
+        if note and isinstance(messages, list):
+            last = messages[-1] if messages else None
+            if isinstance(last, dict) and last.get("role") == "user":
+                content = last.get("content")
+                blocks = content if isinstance(content, list) else [{"type": "text", "text": content}] if isinstance(content, str) else []
+                messages[-1] = {**last, "content": [*blocks, {"type": "text", "text": note}]}
+            else:
+                messages.append({"role": "user", "content": note})
+        return orjson.dumps(doc)
+
 
 def _blocks_text(content: Any, out: list[str]) -> None:
     """Text of a content: a string or blocks (text, tool_use input, tool_result content, thinking,

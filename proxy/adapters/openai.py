@@ -99,6 +99,27 @@ class OpenAIAdapter:
                      "model": model, "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
         return b"data: " + orjson.dumps(chunk) + b"\n\ndata: [DONE]\n\n"
 
+    def finish(self, path: str, body: bytes, note: str | None) -> bytes | None:
+        """The request made to answer now: tools disabled (`tool_choice: "none"`, `function_call:
+        "none"` for the legacy functions), `note` added as a last user message. None for a request
+        that generates no answer (embeddings, legacy completions, unreadable JSON)."""
+        kind = endpoint("POST", path)
+        doc, _error = json_body(body)
+        if doc is None or kind not in ("chat", "responses"):
+            return None
+        if doc.get("tools"):
+            doc["tool_choice"] = "none"
+        if kind == "chat":
+            if doc.get("functions"):
+                doc["function_call"] = "none"
+            if note and isinstance(doc.get("messages"), list):
+                doc["messages"] = [*doc["messages"], {"role": "user", "content": note}]
+        elif note:
+            given = doc.get("input")
+            items = given if isinstance(given, list) else [{"role": "user", "content": given}] if isinstance(given, str) else []
+            doc["input"] = [*items, {"role": "user", "content": note}]
+        return orjson.dumps(doc)
+
 
 def _common(doc: dict[str, Any], call: Call) -> None:
     call.model = as_str(doc.get("model"))

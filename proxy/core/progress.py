@@ -1,0 +1,189 @@
+"""Is the task still getting somewhere? One verdict per retrieval (and per rerank). Pure: no I/O.
+
+A retrieval is **fruitful** when its top-ranked results bring evidence the task has not seen. The
+tail does not count: a reworded query brings back a slightly different tail almost every time, so
+"any new chunk" calls every runaway retrieval progress. The measure is rank-weighted novelty over
+the top `top_k` results (weights 1/log2(rank + 2), as in DCG), each weight scaled by the result's
+score relative to the first result's when the scores are monotone in the listed order (a
+similarity falls, a distance rises), so a new chunk that scored near the top counts almost fully
+and a new chunk far behind counts little.
+
+A query that rewords an earlier query of the task (similar by the cache's embedder when one is
+configured, by shared content words otherwise) has to clear a higher bar: rewording the same
+question and getting one new result at rank 3 is what a runaway loop looks like; a new hop of a
+multi-hop question is a different query and brings new results at the top.
+
+Reranks: a rerank whose documents were all ranked before in the task is fruitless.
+LLM steps: a tool call the model already made earlier in the transcript is a repeated step
+(`repeated_tool_calls`), recorded as a signal; the retrieval it leads to gets its own verdict.
+
+Every verdict carries its reason and numbers, for spans and task records.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from itertools import pairwise
+
+import orjson
+
+from ..cache.verify import content_overlap, features
+from ..model import Chunk
+from .evidence_track import chunk_key, fingerprint
+from .queries import normalize
+
+# reasons
+NEW_TOP = "new_top_results"
+REWORDED_NEW_TOP = "reworded_query_new_top_results"
+TOP_SEEN = "top_results_seen"
+REWORDED = "reworded_query_top_results_seen"
+REPEATED = "repeated_query"
+NO_RESULTS = "no_results"
+UNREAD = "unread"  # the answer was not read (unknown format, oversized, stream cut): no verdict
+RERANK_NEW = "new_documents"
+RERANK_SEEN = "documents_already_ranked"
+
+MAX_QUERIES = 32  # earlier queries a task keeps for the similarity check (the most recent)
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressRules:
+    """How verdicts are reached (config `budgets.progress`)."""
+
+    top_k: int = 3  # results that count as "the top"
+    min_novelty: float = 0.2  # weighted novelty a retrieval needs to be fruitful
+    reworded_novelty: float = 0.45  # ... when its query rewords an earlier one
+    lexical_similarity: float = 0.5  # shared content words (Jaccard) that make a query a rewording
+    embedding_similarity: float = 0.85  # cosine that makes a query a rewording (with an embedder)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    fruitful: bool | None  # None: no verdict (the answer was not read)
+    reason: str
+    novelty: float = 0.0  # weighted share of the top results that are new to the task
+    new_top: int = 0  # top results new to the task
+    top: int = 0  # results looked at (at most top_k)
+    similarity: float = 0.0  # to the most similar earlier query of the task
+    similar_to: str | None = None  # that query
+
+    def attributes(self) -> dict[str, object]:
+        """Span / record attributes (without the `ragtoll.progress.` prefix)."""
+        out: dict[str, object] = {"reason": self.reason, "novelty": round(self.novelty, 3),
+                                  "new_top": self.new_top, "top": self.top,
+                                  "similarity": round(self.similarity, 3)}
+        if self.fruitful is not None:
+            out["fruitful"] = self.fruitful
+        if self.similar_to is not None:
+            out["similar_to"] = self.similar_to[:200]
+        return out
+
+
+def _score_factors(chunks: Sequence[Chunk]) -> list[float]:
+    """Per result, its score relative to the first result's (1.0 each when scores say nothing)."""
+    scores = [c.score for c in chunks]
+    if len(scores) < 2 or any(s is None or not math.isfinite(s) or s < 0 for s in scores):
+        return [1.0] * len(scores)
+    vals = [float(s) for s in scores if s is not None]
+    if all(a >= b for a, b in pairwise(vals)) and vals[0] > 0:  # a similarity, best first
+        return [v / vals[0] for v in vals]
+    if all(a <= b for a, b in pairwise(vals)):  # a distance, best first
+        eps = 1e-6
+        return [(vals[0] + eps) / (v + eps) for v in vals]
+    return [1.0] * len(vals)
+
+
+def novelty(chunks: Sequence[Chunk], seen: AbstractSet[str], top_k: int) -> tuple[float, int, int]:
+    """(weighted novelty, new results, results) over the first `top_k` results."""
+    top = list(chunks[:top_k])
+    if not top:
+        return 0.0, 0, 0
+    factors = _score_factors(top)
+    total = new = 0.0
+    n_new = 0
+    mine: set[str] = set()
+    for rank, (chunk, factor) in enumerate(zip(top, factors)):
+        w = factor / math.log2(rank + 2)
+        total += 1.0 / math.log2(rank + 2)
+        key = chunk_key(chunk)
+        if key not in seen and key not in mine:
+            new += w
+            n_new += 1
+        mine.add(key)
+    return (new / total if total else 0.0), n_new, len(top)
+
+
+def lexical_similarity(query: str, earlier: Iterable[str]) -> tuple[float, str | None]:
+    """The highest share of content words (stemmed, Jaccard) `query` has with an earlier query."""
+    mine = features(query).content
+    best, which = 0.0, None
+    for q in earlier:
+        s = 1.0 if normalize(q) == normalize(query) else content_overlap(mine, features(q).content) if mine else 0.0
+        if s > best:
+            best, which = s, q
+    return best, which
+
+
+def cosine_similarity(vector: Sequence[float], earlier: Iterable[tuple[str, Sequence[float]]]) -> tuple[float, str | None]:
+    """The highest cosine between `vector` and an earlier query's (unit vectors from the embedder)."""
+    best, which = 0.0, None
+    for q, v in earlier:
+        s = float(sum(a * b for a, b in zip(vector, v)))
+        if s > best:
+            best, which = s, q
+    return best, which
+
+
+def judge_retrieval(chunks: Sequence[Chunk] | None, seen: AbstractSet[str], query: str | None,
+                    similarity: tuple[float, str | None], reworded_at: float,
+                    rules: ProgressRules) -> Verdict:
+    """The verdict on one retrieval. `seen`: the task's chunk keys before this retrieval;
+    `similarity`: (highest similarity to an earlier query, that query); `reworded_at`: the
+    similarity that makes a rewording (lexical or embedding threshold, whichever measured)."""
+    if chunks is None:
+        return Verdict(None, UNREAD)
+    if not chunks:
+        return Verdict(False, NO_RESULTS, similarity=similarity[0], similar_to=similarity[1])
+    nov, n_new, n = novelty(chunks, seen, rules.top_k)
+    sim, which = similarity
+    if query is not None and which is not None and normalize(which) == normalize(query) and n_new == 0:
+        return Verdict(False, REPEATED, nov, n_new, n, sim, which)
+    reworded = which is not None and sim >= reworded_at
+    bar = rules.reworded_novelty if reworded else rules.min_novelty
+    if nov >= bar and n_new > 0:
+        return Verdict(True, REWORDED_NEW_TOP if reworded else NEW_TOP, nov, n_new, n, sim, which)
+    return Verdict(False, REWORDED if reworded else TOP_SEEN, nov, n_new, n, sim, which)
+
+
+def judge_rerank(documents: Sequence[str], ranked: AbstractSet[str]) -> tuple[Verdict, set[str]]:
+    """The verdict on one rerank, and the fingerprints of its documents (add them to `ranked`)."""
+    fps = {fingerprint(d) for d in documents}
+    if not fps:
+        return Verdict(None, UNREAD), fps
+    fresh = len(fps - ranked)
+    nov = fresh / len(fps)
+    return Verdict(fresh > 0, RERANK_NEW if fresh else RERANK_SEEN, nov, fresh, len(fps)), fps
+
+
+def tool_call_signature(name: str, arguments: str) -> str:
+    """One spelling of a tool call: its name and its arguments as canonical JSON (or text)."""
+    try:
+        args = orjson.dumps(orjson.loads(arguments), option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONDecodeError, TypeError):
+        args = normalize(arguments or "").encode()
+    return name + "\x00" + args.decode()
+
+
+def repeated_tool_calls(calls: Sequence[tuple[str, str]]) -> int:
+    """How many of the transcript's tool calls (name, arguments), in order, repeat an earlier one."""
+    seen: set[str] = set()
+    repeats = 0
+    for name, arguments in calls:
+        sig = tool_call_signature(name, arguments)
+        if sig in seen:
+            repeats += 1
+        seen.add(sig)
+    return repeats

@@ -167,7 +167,10 @@ class CacheStage(Stage):
         if pending is None:
             return
         try:
-            if pending.too_big or ex.status != 200 or ex.outcome != "ok" or not ex.complete:
+            # an answer read whole (its entry made) is the upstream's in full, whatever became of the
+            # client; a streamed one only when it reached its end
+            if pending.entry is None and (pending.too_big or ex.status != 200 or ex.outcome != "ok"
+                                          or not ex.complete):
                 return
             body = b"".join(pending.parts)
             if pending.key is not None:

@@ -376,3 +376,13 @@ async def test_a_duplicate_of_a_failed_retrieval_goes_upstream_itself(cache: Cac
     await cache.stage.on_end(first)
     await asyncio.wait_for(waiting, 1)
     assert second.proposal is None and cache.xs.finished(second).attributes[sc.CACHE_REASON] == "inflight:unfiled"
+
+
+async def test_an_answer_read_whole_is_filed_even_if_its_client_left(cache: Cache) -> None:
+    ex = cache.xs("docs", QUERY, headers=ALICE)
+    await cache.stage.on_request(ex)
+    cache.stage.on_chunk(ex, answer(ex, staff_results(["a", "b", "c"]), complete=False))
+    await cache.stage.on_response(ex)  # the upstream's answer, whole
+    ex.outcome = "client_disconnect"  # ...and then the client went away before reading it
+    await cache.stage.on_end(ex)
+    assert (await cache.call(ALICE)).proposal is not None

@@ -271,6 +271,8 @@ class EvidenceCache:
     async def _servable(self, lk: Lookup, entry: Entry) -> str | None:
         """None if `entry` may be served to this lookup's principal now; else why not (view, ACL, authz, age)."""
         principal = lk.query.principal
+        if lk.scope is not None and entry.scope is None:
+            return "view:unknown"  # filed when the upstream was taken to answer everyone alike
         why = acl.decide(entry.acls, entry.owner, principal, self.public, entry.scope)
         if why is None and self.authz is not None:
             why = await self.authz.allows(principal, entry.chunk_ids)
@@ -316,7 +318,7 @@ class EvidenceCache:
             return
         if isinstance(self.embedder, NoEmbedder) or q.vector is not None or not self.verify_candidates:
             return
-        flying = [f for f in self.flights.others(pkey, lk.key) if serves_top_k(f.top_k, q.top_k)]
+        flying = [f for f in self.flights.others(pkey, lk.key, lk.flight) if serves_top_k(f.top_k, q.top_k)]
         if not flying:
             return
         vocab = self._partition_vocab(pkey, q.filters)

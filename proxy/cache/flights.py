@@ -10,6 +10,7 @@ answer not filed); `end` always lands. Bounded. Per process: replicas do not wai
 from __future__ import annotations
 
 import asyncio
+import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,6 +31,7 @@ class Flight:
     top_k: int | None
     vector: np.ndarray | None = None  # its query's embedding, once someone needed it
     text: bool = True  # a text query (semantic duplicates may wait); False: keyed by a vector
+    seq: int = 0  # start order: a leader waits only for flights older than its own (no cycles)
     landed: asyncio.Future[Entry | None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
     def land(self, entry: Entry | None) -> None:
@@ -42,6 +44,7 @@ class Flights:
         self._limit = limit
         self._parts: dict[str, dict[str, Flight]] = {}
         self._count = 0
+        self._seq = itertools.count(1)
 
     def __len__(self) -> int:
         return self._count
@@ -50,12 +53,16 @@ class Flights:
         part = self._parts.get(pkey)
         return part.get(key) if part else None
 
-    def others(self, pkey: str, key: str) -> list[Flight]:
-        """Text flights of the partition under other keys (at most MAX_SCAN, the newest)."""
+    def others(self, pkey: str, key: str, before: Flight | None = None) -> list[Flight]:
+        """Text flights of the partition under other keys (at most MAX_SCAN, the newest); only those
+        started before `before` when given: a leader that waited for a younger flight could wait
+        for one that waits for it."""
         part = self._parts.get(pkey)
         if not part:
             return []
-        return [f for k, f in list(part.items())[-MAX_SCAN:] if k != key and f.text]
+        limit = before.seq if before is not None else None
+        return [f for k, f in list(part.items())[-MAX_SCAN:]
+                if k != key and f.text and (limit is None or f.seq < limit)]
 
     def start(self, pkey: str, key: str, norm: str, top_k: int | None, *, text: bool = True,
               vector: np.ndarray | None = None) -> Flight | None:
@@ -63,7 +70,7 @@ class Flights:
         part = self._parts.setdefault(pkey, {})
         if key in part or self._count >= self._limit:
             return None
-        flight = part[key] = Flight(pkey, key, norm, top_k, vector, text)
+        flight = part[key] = Flight(pkey, key, norm, top_k, vector, text, next(self._seq))
         self._count += 1
         return flight
 

@@ -305,3 +305,30 @@ async def test_two_replicas_on_one_redis_share_semantic_hits(model: LocalModel, 
     finally:
         for s in stores:
             await s.aclose()
+
+
+async def test_a_semantic_duplicate_waits_for_the_older_flight_never_in_a_cycle(model: LocalModel) -> None:
+    import asyncio
+
+    cache = make(model, similarity=0.85)
+    await fill(cache, "something else entirely", ["z"])  # the partition's vocabulary
+    annual = Query("docs", "refund window for annual pro plans", None, 5, ALICE)
+    yearly = Query("docs", "refund window for yearly pro plans", None, 5, ALICE)
+    first, second = await asyncio.gather(cache.lookup(annual, lead=True), cache.lookup(yearly, lead=True))
+    assert first.flight is not None and second.flight is not None
+    assert not (first.wait is second.flight and second.wait is first.flight)  # no cycle
+    assert second.wait is first.flight and second.wait_tier == "semantic"  # the younger waits for the older
+    await cache.store_evidence(first, chunk_ids=["a"], acls=[("staff",)], body=b"{}")
+    landed = await asyncio.wait_for(second.wait.landed, 1)
+    assert await cache.admit(second, landed) and second.tier == "semantic"
+    cache.end(first)
+    cache.end(second)
+    assert len(cache.flights) == 0
+
+
+async def test_entries_filed_as_shared_are_not_served_once_the_upstream_filters_by_caller() -> None:
+    cache = make(None)
+    lk = await cache.lookup(Query("docs", "q", None, 5, ALICE))
+    await cache.store_evidence(lk, chunk_ids=["a"], acls=[("staff",)], body=b"{}")
+    scoped = await cache.lookup(Query("docs", "q", None, 5, ALICE, scoped=True))
+    assert not scoped.hit and scoped.reason == "view:unknown"

@@ -170,7 +170,8 @@ class RagtollApp:
             await stores.aclose()
 
     async def _set_source_version(self, name: str, version: str) -> None:
-        """`POST /admin/sources/{name}/version`: entries of older versions become unreachable."""
+        """`POST /admin/sources/{name}/version`: entries of older versions become unreachable; the
+        current version again confirms it (cache/admin.py)."""
         if self.cache is None:
             raise RuntimeError("ragtoll is not serving yet")
         await self.cache.set_source_version(name, version)

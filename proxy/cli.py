@@ -51,10 +51,31 @@ def _load(path: str | None) -> object:
 
 
 def _check(args: argparse.Namespace) -> int:
-    settings = _load(args.config)
+    settings: Any = _load(args.config)
     upstreams = getattr(settings, "upstreams", [])
     print(f"ok: {len(upstreams)} upstream(s): " + ", ".join(f"{u.route_prefix} -> {u.url}" for u in upstreams))
+    for line in _cache_summary(settings):
+        print(line)
     return 0
+
+
+def _cache_summary(settings: Any) -> list[str]:
+    """How the evidence cache will treat each retrieval route: who it is shared with, how fresh."""
+    cache, identity = settings.cache, settings.identity
+    routes = [u for u in settings.upstreams if u.kind == "retrieval"]
+    if not cache.enabled or not routes:
+        return []
+    who = {"none": "none (anonymous callers, keyed by credential)",
+           "header": "header (trusted gateway; a groups-only header is a principal, a repeated one a 400)",
+           "jwt": "jwt (a repeated Authorization header is a 400)"}[identity.mode]
+    lines = [f"evidence cache: identity {who}"]
+    for u in routes:
+        scoped = u.cache.filters_by_caller if u.cache.filters_by_caller is not None else identity.mode != "none"
+        bound = u.cache.max_staleness_s or cache.max_staleness_s
+        probe = f"probe {u.cache.probe.method} {u.cache.probe.path}" if u.cache.probe else "no probe"
+        lines.append(f"  {u.route_prefix}: {'per caller view' if scoped else 'shared by ACL'}, "
+                     f"served up to {bound:g} s old without a confirmed version, {probe}")
+    return lines
 
 
 def _sign(args: argparse.Namespace) -> int:

@@ -201,6 +201,45 @@ class TlsConfig:
 
 
 @dataclass(frozen=True)
+class ProbeConfig:
+    """A cheap request that tells a retrieval source's current version (cache freshness)."""
+
+    path: str  # appended to the upstream URL, as a call's path after the prefix is: /version, /collections/docs
+    method: Literal["GET", "HEAD", "POST"] = "GET"
+    body: str | None = None  # a JSON body (POST)
+    header: str | None = None  # the response header holding the version (default: fields.version_header)
+    field: str | None = None  # ...or a dotted path in the JSON response body
+    timeout_s: float = 2.0
+
+    def validate(self, where: str) -> None:
+        if not self.path.startswith("/") or any(c in self.path for c in " \r\n#"):
+            _bad(f"{where}.path", self.path, "a path starting with /, such as /version")
+        if self.header is not None and not _HEADER.fullmatch(self.header):
+            _bad(f"{where}.header", self.header, "an HTTP header name")
+        _positive_s(f"{where}.timeout_s", self.timeout_s, " (default 2)")
+
+
+@dataclass(frozen=True)
+class UpstreamCacheConfig:
+    """The evidence cache's view of one retrieval source."""
+
+    max_staleness_s: float | None = None  # how stale a served entry may be; null: cache.max_staleness_s
+    probe: ProbeConfig | None = None  # how to confirm the source's version; null: pushes and responses only
+    # whether the upstream filters results by caller (then entries remember the fetcher's view);
+    # null: yes when identity reaches it (identity.mode header or jwt: the headers or token are forwarded)
+    filters_by_caller: bool | None = None
+
+    def validate(self, where: str, version_header: str | None) -> None:
+        if self.max_staleness_s is not None:
+            _positive_s(f"{where}.max_staleness_s", self.max_staleness_s, " (null: cache.max_staleness_s)")
+        if self.probe is not None:
+            self.probe.validate(f"{where}.probe")
+            if not (self.probe.header or self.probe.field or version_header):
+                _bad(f"{where}.probe", {"path": self.probe.path},
+                     "a probe naming where its answer holds the version: header, field, or fields.version_header")
+
+
+@dataclass(frozen=True)
 class UpstreamConfig:
     name: str
     kind: Literal["llm", "embeddings", "retrieval", "rerank", "other"]
@@ -217,6 +256,7 @@ class UpstreamConfig:
     engine: Literal["aiohttp", "httpx"] = "aiohttp"
     http2: bool = False  # speak HTTP/2 to it (needs engine: httpx; TLS with ALPN, or h2c prior knowledge)
     proxy: str | None = None  # an outbound HTTP proxy; none by default, and proxy variables are never read
+    cache: UpstreamCacheConfig = UpstreamCacheConfig()  # the evidence cache's settings for this source
 
     def __post_init__(self) -> None:
         _freeze(self, "fields")
@@ -252,6 +292,7 @@ class UpstreamConfig:
             _bad(f"{where}.http2", True, "false, or engine: httpx (aiohttp speaks only HTTP/1.1)")
         if self.http2 and self.proxy is not None:
             _bad(f"{where}.http2", True, "false when a proxy is set (HTTP/2 upstreams are reached directly)")
+        self.cache.validate(f"{where}.cache", self.fields.get("version_header"))
 
     def _validate_adapter(self, where: str) -> None:
         # the registry's public functions, imported late only to keep check-config light
@@ -426,6 +467,9 @@ class CacheConfig:
     audit_fraction: float = 0.0  # share of semantic hits re-run upstream off the request path
     audit_target: float = 0.95  # agreement below this raises the partition's threshold
     audit_step: float = 0.02
+    # an entry older than this is served only with its source's version confirmed within it (a probe,
+    # a push through the admin API, a response carrying it); per source: upstreams[].cache.max_staleness_s
+    max_staleness_s: float = 300.0
 
     def __post_init__(self) -> None:
         _freeze(self, "sources")
@@ -448,6 +492,7 @@ class CacheConfig:
         if self.authz_url is not None and not self.authz_url.startswith(("http://", "https://")):
             _bad(f"{where}.authz_url", self.authz_url, "an http:// or https:// URL")
         _positive_s(f"{where}.authz_timeout_s", self.authz_timeout_s, " (default 0.5)")
+        _positive_s(f"{where}.max_staleness_s", self.max_staleness_s, " (default 300)")
         if not self.acl_public:
             _bad(f"{where}.acl_public", self.acl_public, "a non-empty marker such as public")
 

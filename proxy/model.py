@@ -64,6 +64,9 @@ class Call:
     inputs: int | None = None  # embeddings: input count
     parse_error: str | None = None
     query_key: str | None = None  # retrieval: unique-intent key (queries.query_key: route, text/vector, filters)
+    # retrieval: a hash of the body fields the adapter does not understand (None: there are none), so
+    # two requests that differ in any of them never share cached evidence (cache.partition.selector)
+    selector: str | None = None
     choices: int = 1  # n > 1 asks for several completions; max_output_tokens already covers all of them
 
 

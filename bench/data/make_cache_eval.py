@@ -3,7 +3,7 @@
 Every query carries its intent (domain + the facet values that decide the answer). Queries of one
 intent are paraphrases that should share evidence; queries whose intents differ in one facet are
 near misses that must not (plan types, tiers, billing periods, regions, numbers, doses, age groups,
-negation, direction, entities, time periods). Deterministic; run `python bench/data/make_cache_eval.py`
+negation, direction and its order, entities, time periods). Deterministic; run `python bench/data/make_cache_eval.py`
 to regenerate.
 """
 
@@ -462,6 +462,34 @@ for src, dst in (("UK", "US"), ("US", "UK")):
         [f"cost of calling the {dst} from the {src}", f"price per minute for calls from the {src} to the {dst}",
          f"international call rates {src} to {dst}", f"how much to phone {alias} from the {src}"],
         {"section": "calls"})
+
+# --- upgrades and wallet: direction pairs (issue 22). Each intent goes from one end to the other; its
+# near miss is the same two ends swapped. Plans and billing periods, currencies by code and by name.
+# The domain names sort after the others, so the split of the earlier domains stays the same.
+SWITCH = [("monthly", "annual", "billing"), ("starter", "pro", "plan"), ("pro", "enterprise", "plan"),
+          ("basic", "premium", "support plan"), ("weekly", "monthly", "payroll"), ("quarterly", "annual", "invoicing")]
+for x, y, kind in SWITCH:
+    for a, b in ((x, y), (y, x)):
+        up = [x, y].index(b) == 1
+        fact = ("takes effect at once; the unused part of the current period is credited to your account." if up
+                else "takes effect at the end of the current term; unused time is not refunded.")
+        doc("upgrades", {"ends": f"{x}/{y}", "dir": f"{a}>{b}"},
+            f"Switching from {a} to {b} {kind} (moving {a} to {b}): the change {fact}",
+            {"section": "changes", "change": f"{a}-to-{b}"})
+        ask("upgrades", {"ends": f"{x}/{y}", "dir": f"{a}>{b}"}, pick([
+            f"switch from {a} to {b} {kind}", f"changing my {kind} from {a} to {b}",
+            f"what happens when I move from {a} to {b} {kind}", f"{a} to {b} {kind} change",
+            f"how do I go from {a} to {b} {kind}"], 4))
+CURRENCY = {"USD": "US dollars", "EUR": "euros", "GBP": "pounds", "JPY": "yen"}
+for x, y in (("USD", "EUR"), ("EUR", "GBP"), ("USD", "JPY"), ("GBP", "USD"), ("EUR", "JPY")):
+    for a, b in ((x, y), (y, x)):
+        fee = 1.5 if "USD" in (a, b) else 1.0
+        doc("wallet", {"ends": f"{x}/{y}", "dir": f"{a}>{b}"},
+            f"Currency conversion from {a} to {b} ({CURRENCY[a]} into {CURRENCY[b]}): the fee is {fee + (0.5 if b == 'JPY' else 0)}"
+            f"% of the amount and the {a}/{b} rate is fixed when you confirm.", {"section": "fx", "pair": f"{a}-{b}"})
+        ask("wallet", {"ends": f"{x}/{y}", "dir": f"{a}>{b}"}, pick([
+            f"fee to convert {a} to {b}", f"exchange {CURRENCY[a]} into {CURRENCY[b]}", f"{a} → {b} conversion fee",
+            f"how much does it cost to change {a} to {b}", f"{a} to {b} exchange fee"], 4))
 
 new_texts = [q["text"] for q in queries[OLD_QUERIES:]]
 assert len(set(new_texts)) == len(new_texts), "a query text of the later domains is repeated"

@@ -7,9 +7,13 @@ can read untrusted JSON without try/except around each field.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
+import xxhash
+
+from ..core import queries
 
 _MISSING = object()
 
@@ -95,3 +99,38 @@ def json_text(v: Any) -> str:
         return orjson.dumps(v).decode()
     except (TypeError, orjson.JSONEncodeError):
         return ""
+
+
+def unknown_fields(doc: dict[str, Any], understood: Iterable[str]) -> str | None:
+    """A hash of what `doc` holds besides the `understood` dotted paths (None: nothing else).
+
+    Retrieval adapters key cached evidence by it: a body field the adapter does not read (a
+    namespace, a score threshold, a named vector, `with_payload`) may change the results, so two
+    requests that differ in one never share an entry. Canonical: key order and 1 vs 1.0 do not count.
+    Raises ValueError past 64 levels of nesting (the adapter records a parse error: no cache).
+    """
+    rest = _without(doc, [p.split(".") for p in understood if p])
+    if not rest:
+        return None
+    return xxhash.xxh3_64_hexdigest(queries.filters_json(rest))
+
+
+def _without(node: dict[str, Any], paths: list[list[str]]) -> dict[str, Any]:
+    """`node` less the leaves at `paths`, copying only the dicts along them; dicts left empty go too."""
+    heads: dict[str, list[list[str]]] = {}
+    for parts in paths:
+        heads.setdefault(parts[0], []).append(parts[1:])
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        tails = heads.get(key)
+        if tails is None:
+            out[key] = value
+        elif any(not t for t in tails):
+            continue  # the whole field is understood
+        elif isinstance(value, dict):
+            inner = _without(value, tails)
+            if inner:
+                out[key] = inner
+        else:
+            out[key] = value  # a path into a list or scalar: kept whole, so it still counts
+    return out

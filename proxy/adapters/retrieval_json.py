@@ -1,9 +1,12 @@
 """`json`: the generic retrieval adapter, driven by field paths in the upstream's `fields:` config.
 
-Request paths: `query`, `vector`, `filters`, `top_k`. Response paths: `results` (the list; "" for a
-top-level list) and, relative to each result, `id`, `text`, `score`, `source`, `acl`. Index version:
-`version_header` (response header) or `version_field` (response body path). The presets in
-retrieval_presets.py are subclasses that change defaults and a few readers.
+Request paths: `query`, `vector`, `filters`, `top_k`; `irrelevant` (comma-separated paths) names
+body fields that never change the results. Every other body field is hashed into `Call.selector`,
+so the cache never lets two requests that differ in it share evidence. Response paths: `results`
+(the list; "" for a top-level list) and, relative to each result, `id`, `text`, `score`, `source`,
+`acl`. Index version: `version_header` (response header) or `version_field` (response body path).
+Operations: a POST (or a GET with a body) is a search; anything else on the route is `other`. The
+presets in retrieval_presets.py are subclasses that change defaults, paths and a few readers.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from .base import (
     no_stream_end,
     safe_parse,
 )
-from .fields import as_acl, as_float, as_id, as_int, as_str, as_vector, get_path
+from .fields import as_acl, as_float, as_id, as_int, as_str, as_vector, get_path, unknown_fields
 
 FIELD_KEYS = frozenset({"query", "vector", "filters", "top_k", "results", "id", "text", "score", "source", "acl",
-                        "version_header", "version_field"})
+                        "version_header", "version_field", "irrelevant"})
 
 
 class JsonRetrievalAdapter:
@@ -43,37 +46,49 @@ class JsonRetrievalAdapter:
         self.upstream = upstream
         # `fields` keys outside FIELD_KEYS are ignored here; config validation may reject them
         self.fields: dict[str, str] = {**self.defaults, **upstream.fields}
+        # body fields that never change the results: left out of `Call.selector`
+        self.irrelevant = tuple(p.strip() for p in self.fields.get("irrelevant", "").split(",") if p.strip())
 
     # -- request ---------------------------------------------------------------------------------
 
     def route_id(self, method: str, path: str) -> str | None:
-        """The key space of this call's queries (route, plus collection / index for presets);
-        None when the call is not a retrieval (forwarded as `other`)."""
-        return self.upstream.name if method in ("POST", "GET", "PUT") else None
+        """The key space of a search this adapter reads (route, plus collection / index for presets);
+        None for any other operation."""
+        return self.upstream.name if method in ("POST", "GET") else None
+
+    def is_search(self, method: str, path: str) -> bool:
+        """A search or query the adapter does not read (a batch): a retrieval call, never cached."""
+        return False
 
     def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call:
-        route = self.route_id(method, path.rstrip("/"))
+        path = path.rstrip("/")
+        route = self.route_id(method, path)
         if route is None or (method == "GET" and not body):
-            return Call(operation="other")  # health checks, collection info: forwarded, not counted
+            # health checks, collection info, upserts: forwarded and counted as calls, not retrievals
+            return Call(operation="retrieval" if self.is_search(method, path) else "other")
         doc, error = json_body(body)
         call = Call(operation="retrieval", parse_error=error)
         if doc is None:
             return call
 
         def read(d: dict[str, Any], c: Call) -> None:
-            self.read_request(d, c)
+            understood = self.read_request(d, c)
             c.filters = queries.canonical_filters(c.filters) if c.filters is not None else None
+            c.selector = unknown_fields(d, (*understood, *self.irrelevant))
             if c.query is not None or c.query_vector is not None:
                 c.query_key = queries.query_key(route, c.query, c.query_vector, c.filters)
 
         return safe_parse(call, read, doc)
 
-    def read_request(self, doc: dict[str, Any], call: Call) -> None:
+    def read_request(self, doc: dict[str, Any], call: Call) -> tuple[str, ...]:
+        """Fill `call` from the body; returns the dotted paths it understood (read or made irrelevant
+        by what it read). Whatever else the body holds goes into `call.selector`."""
         f = self.fields
         call.query = as_str(get_path(doc, f.get("query")))
         call.query_vector = as_vector(get_path(doc, f.get("vector")))
         call.filters = get_path(doc, f.get("filters"))
         call.top_k = as_int(get_path(doc, f.get("top_k")))
+        return tuple(p for p in (f.get("query"), f.get("vector"), f.get("filters"), f.get("top_k")) if p)
 
     # -- response --------------------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 """Retrieval presets on the `json` machinery: `qdrant`, `chroma`, `elasticsearch` (OpenSearch
-too) and `langserve`. Each sets default field paths (overridable by `fields:`) and reads the
-parts of its API that a path cannot express. Query keys include the collection / index.
+too) and `langserve`. Each sets default field paths (overridable by `fields:`), reads the parts of
+its API that a path cannot express, names the body fields it understands (the rest select the
+evidence: `Call.selector`) and tells searches from the other calls on its route (collection info,
+upserts, counts: `other`). Query keys include the collection / index.
 """
 
 from __future__ import annotations
@@ -21,28 +23,38 @@ class QdrantAdapter(JsonRetrievalAdapter):
     defaults: ClassVar[Mapping[str, str]] = {"id": "id", "score": "score", "text": "payload.text", "source": "payload.source",
                 "filters": "filter", "top_k": "limit"}
     _PATH = re.compile(r"/collections/([^/]+)/points/(search|query)$")
+    # searches it does not read: batches, groups, recommend, discover (retrieval calls, never cached)
+    _OTHER_SEARCH = re.compile(r"/collections/[^/]+/points/(search|query|recommend|discover)(/batch|/groups)?$")
 
     def route_id(self, method: str, path: str) -> str | None:
         m = self._PATH.search(path)
         return f"{self.upstream.name}/{m.group(1)}" if m and method == "POST" else None
 
-    def read_request(self, doc: dict[str, Any], call: Call) -> None:
+    def is_search(self, method: str, path: str) -> bool:
+        return method == "POST" and self._OTHER_SEARCH.search(path) is not None
+
+    def read_request(self, doc: dict[str, Any], call: Call) -> tuple[str, ...]:
+        top_k = self.fields["top_k"]
         call.filters = doc.get("filter")
-        call.top_k = as_int(doc.get(self.fields["top_k"]))
+        call.top_k = as_int(doc.get(top_k))
         if call.top_k is None and "query" in doc:
             call.top_k = 10  # /points/query's documented default limit
-        q = doc["query"] if "query" in doc else doc.get("vector")
-        if isinstance(q, dict):
+        path = "query" if "query" in doc else "vector"
+        q = doc.get(path)
+        if isinstance(q, dict):  # only the part read is understood: a named vector's name, a model, stay
             if isinstance(q.get("text"), str):  # a Document for server-side inference
                 call.query = q["text"]
-                return
-            q = q.get("nearest", q.get("vector"))
+                return "filter", top_k, f"{path}.text"
+            inner = "nearest" if "nearest" in q else "vector"
+            q, path = q.get(inner), f"{path}.{inner}"
             if isinstance(q, dict):
-                q = q.get("vector", q.get("text"))
+                inner = "vector" if "vector" in q else "text"
+                q, path = q.get(inner), f"{path}.{inner}"
         if isinstance(q, str):
             call.query = q
         else:
             call.query_vector = as_vector(q)
+        return "filter", top_k, path
 
     def results(self, doc: Any) -> list[Any] | None:
         result = doc.get("result") if isinstance(doc, dict) else None
@@ -63,7 +75,7 @@ class ChromaAdapter(JsonRetrievalAdapter):
         m = self._PATH.search(path)
         return f"{self.upstream.name}/{m.group(1)}" if m and method == "POST" else None
 
-    def read_request(self, doc: dict[str, Any], call: Call) -> None:
+    def read_request(self, doc: dict[str, Any], call: Call) -> tuple[str, ...]:
         emb = doc.get("query_embeddings")
         if isinstance(emb, list) and emb and isinstance(emb[0], list):
             emb = emb[0] if len(emb) == 1 else None  # a batch of several queries has no single key
@@ -74,6 +86,7 @@ class ChromaAdapter(JsonRetrievalAdapter):
         filters = {k: doc[k] for k in ("where", "where_document") if doc.get(k)}
         call.filters = filters or None
         call.top_k = as_int(doc.get("n_results", 10))
+        return "query_embeddings", "query_texts", "where", "where_document", "n_results"  # `include` selects
 
     def chunks(self, doc: Any) -> list[Chunk] | None:
         if not isinstance(doc, dict) or not isinstance(doc.get("ids"), list):
@@ -145,6 +158,7 @@ class ElasticsearchAdapter(JsonRetrievalAdapter):
     defaults: ClassVar[Mapping[str, str]] = {"results": "hits.hits", "id": "_id", "score": "_score", "text": "_source.text",
                 "source": "_source.source"}
     _PATH = re.compile(r"^(?:/([^/_][^/]*))?/_search$")
+    _OTHER_SEARCH = re.compile(r"^(?:/[^/_][^/]*)?/(_msearch|_knn_search|_search/template|_msearch/template)$")
 
     def route_id(self, method: str, path: str) -> str | None:
         m = self._PATH.search(path)
@@ -152,7 +166,10 @@ class ElasticsearchAdapter(JsonRetrievalAdapter):
             return None
         return f"{self.upstream.name}/{m.group(1) or '*'}"
 
-    def read_request(self, doc: dict[str, Any], call: Call) -> None:
+    def is_search(self, method: str, path: str) -> bool:
+        return method in ("POST", "GET") and self._OTHER_SEARCH.search(path) is not None
+
+    def read_request(self, doc: dict[str, Any], call: Call) -> tuple[str, ...]:
         knn = doc.get("knn")
         first_knn = knn[0] if isinstance(knn, list) and knn else knn
         call.query = _es_text(doc.get("query"))
@@ -163,6 +180,8 @@ class ElasticsearchAdapter(JsonRetrievalAdapter):
         call.top_k = size if size is not None else (k if k is not None else 10)
         rest = {key: doc[key] for key in ("query", "knn", "post_filter", "min_score") if key in doc}
         call.filters = _without(rest, call.query, call.query_vector) if rest else None
+        # from, sort, _source, highlight, aggs...: not understood, so they select the evidence
+        return "query", "knn", "post_filter", "min_score", "size"
 
 
 class LangServeAdapter(JsonRetrievalAdapter):
@@ -173,6 +192,7 @@ class LangServeAdapter(JsonRetrievalAdapter):
     defaults: ClassVar[Mapping[str, str]] = {"results": "output", "id": "id", "text": "page_content", "score": "metadata.score",
                 "source": "metadata.source"}
     _PATH = re.compile(r"/([^/]+)/invoke$|^/invoke$")
+    _OTHER_SEARCH = re.compile(r"(?:^|/)(batch|stream|stream_log|stream_events)$")
 
     def route_id(self, method: str, path: str) -> str | None:
         m = self._PATH.search(path)
@@ -180,7 +200,10 @@ class LangServeAdapter(JsonRetrievalAdapter):
             return None
         return f"{self.upstream.name}/{m.group(1) or ''}"
 
-    def read_request(self, doc: dict[str, Any], call: Call) -> None:
+    def is_search(self, method: str, path: str) -> bool:
+        return method == "POST" and self._OTHER_SEARCH.search(path) is not None
+
+    def read_request(self, doc: dict[str, Any], call: Call) -> tuple[str, ...]:
         inp = doc.get("input")
         if isinstance(inp, str):
             call.query = inp
@@ -194,6 +217,8 @@ class LangServeAdapter(JsonRetrievalAdapter):
                     break
         if self.fields.get("top_k"):
             call.top_k = as_int(get_path(doc, self.fields["top_k"]))
+        # the input's other keys are its filters; `config` and `kwargs` select the evidence
+        return "input", self.fields.get("top_k") or ""
 
     def chunk(self, item: Any) -> Chunk:
         c = super().chunk(item)

@@ -1,10 +1,13 @@
 """The ACL decision of every serve, and the optional external check (pure core + an injected poster).
 
-A cached entry may be served only if the *current* principal may see every cached chunk:
-a chunk is visible when its ACL holds the public marker, the principal's subject or one of its
-groups. An entry holding any chunk with unknown ACL (`acl is None`) belongs to the exact principal
-that fetched it. The external check, when configured, must also allow every chunk id; when it
-fails or times out the answer is "no" (a miss), never "yes".
+A cached entry may be served only if the *current* principal may see every cached chunk: a chunk
+is visible when its ACL holds the public marker or one of the principal's groups (the subject is
+never matched: a subject named like a group is not in it). When the upstream filters results by
+caller, the entry also remembers the view it was fetched under and serves only a principal whose
+view is inside it: a broader principal's live results may hold chunks the fetcher never saw. An
+entry holding any chunk with unknown ACL (`acl is None`) belongs to the exact principal that
+fetched it. The external check, when configured, must also allow every chunk id; when it fails or
+times out the answer is "no" (a miss), never "yes".
 """
 
 from __future__ import annotations
@@ -25,16 +28,37 @@ def owner_of(acls: Sequence[tuple[str, ...] | None], principal: Principal) -> st
     return principal.key if any(a is None for a in acls) else None
 
 
+# Which rule let a principal be served an entry (the span's `ragtoll.cache.view`).
+VIEW_SHARED = "shared"  # the upstream answers every caller alike: the chunks' ACLs decide
+VIEW_INSIDE = "inside"  # the upstream filters by caller: the principal's view is inside the fetcher's
+VIEW_OWNER = "owner"  # a chunk's ACL is unknown: only the exact fetcher
+
+
+def scope_of(principal: Principal, filters_by_caller: bool) -> tuple[str, ...] | None:
+    """The view an entry remembers: the fetcher's, when the upstream filters by caller."""
+    return tuple(sorted(principal.view)) if filters_by_caller else None
+
+
 def chunk_visible(acl: tuple[str, ...] | None, principal: Principal, public: str) -> bool:
     if acl is None:
         return False  # unknown: only the owner rule can admit it
-    if public in acl or principal.subject in acl:
-        return True
-    return not principal.groups.isdisjoint(acl)
+    return public in acl or not principal.groups.isdisjoint(acl)
 
 
-def decide(acls: Sequence[tuple[str, ...] | None], owner: str | None, principal: Principal, public: str) -> str | None:
-    """None if `principal` may be served every chunk; else why not (`acl:private`, `acl:denied`)."""
+def view_rule(scope: tuple[str, ...] | None, owner: str | None) -> str:
+    """The rule a served entry passed (see VIEW_*)."""
+    if owner is not None:
+        return VIEW_OWNER
+    return VIEW_SHARED if scope is None else VIEW_INSIDE
+
+
+def decide(acls: Sequence[tuple[str, ...] | None], owner: str | None, principal: Principal, public: str,
+           scope: tuple[str, ...] | None = None) -> str | None:
+    """None if `principal` may be served every chunk; else why not (`view:outside`, `acl:private`,
+    `acl:denied`). `scope`: the view the entry was fetched under, when the upstream filters by caller;
+    same tenant is the partition's to guarantee."""
+    if scope is not None and not principal.view.issubset(scope):
+        return "view:outside"  # its live results may hold chunks the fetcher could not see
     if owner is not None and owner != principal.key:
         return "acl:private"
     for acl in acls:

@@ -1,7 +1,10 @@
-"""`POST /admin/sources/{name}/version`: the ingestion pipeline announces a new source version.
+"""`POST /admin/sources/{name}/version`: the ingestion pipeline announces a source's version.
 
-Body `{"version": "<1-128 printable ASCII>"}`; guarded by the admin API's bearer token check, so
-with no token configured the route refuses everything: an admin API is never open by default.
+Body `{"version": "<1-128 printable ASCII>"}`. A new value makes older entries unreachable; the
+current value again confirms it (entries older than the source's staleness bound serve again, for
+one bound); a value the source has moved past is refused with 409 (versions only move forward).
+Guarded by the admin API's bearer token check, so with no token configured the route refuses
+everything: an admin API is never open by default.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ..tasks.admin import admin_error
+from .versions import VersionSuperseded
 
-SetVersion = Callable[[str, str], Awaitable[None]]
+SetVersion = Callable[[str, str], Awaitable[object]]
 
 
 def version_endpoint(set_version: SetVersion,
@@ -39,6 +43,8 @@ def version_endpoint(set_version: SetVersion,
             await set_version(name, version)
         except KeyError:
             return admin_error(404, "source_not_found", f"no upstream named {name!r}")
+        except VersionSuperseded as exc:
+            return admin_error(409, "version_superseded", str(exc))
         except ValueError as exc:
             return admin_error(400, "invalid_version", str(exc))
         return Response(orjson.dumps({"source": name, "version": version}), media_type="application/json")

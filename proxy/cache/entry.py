@@ -1,8 +1,10 @@
 """A cached evidence entry and its wire form; the evidence store protocol both stores implement.
 
 Pure. An entry keeps what a serve needs (the upstream's response body, the chunk ids and ACLs
-in rank order, the owner when an ACL was unknown) and what verification needs (the normalised
-query, the filter-like words seen in the response's metadata and how clearly its first result led).
+in rank order, the owner when an ACL was unknown, the view it was fetched under when the upstream
+filters by caller, when it was fetched and the source version it came with) and what verification
+needs (the normalised query, the filter-like words seen in the response's metadata and how
+clearly its first result led).
 """
 
 from __future__ import annotations
@@ -27,8 +29,12 @@ class Entry:
     content_type: str = "application/json"
     owner: str | None = None
     vocab: tuple[str, ...] = ()
-    created: float = 0.0
+    created: float = 0.0  # wall-clock seconds when the upstream answered
     margin: float | None = None  # how clearly the first result led its own retrieval (verify.top_margin)
+    # the fetcher's view (Principal.view, sorted) when the upstream filters results by caller; None: it
+    # answers every caller alike. A principal whose view holds more may have live results this lacks.
+    scope: tuple[str, ...] | None = None
+    version: str | None = None  # the source version the response carried (repeated on hits)
 
     def size(self) -> int:
         """Bytes this entry holds in the memory store, estimated on the safe side (checked against
@@ -41,6 +47,7 @@ class Entry:
             "acl": [list(a) if a is not None else None for a in self.acls],
             "b": self.body.decode("utf-8"), "ct": self.content_type, "o": self.owner,
             "v": list(self.vocab), "t": self.created, "m": self.margin,
+            "s": list(self.scope) if self.scope is not None else None, "ver": self.version,
         })
 
     @classmethod
@@ -51,6 +58,7 @@ class Entry:
             acls=tuple(tuple(a) if a is not None else None for a in d["acl"]),
             body=d["b"].encode("utf-8"), content_type=d["ct"], owner=d["o"], vocab=tuple(d["v"]), created=d["t"],
             margin=d.get("m"),  # absent from entries filed before margins were kept
+            scope=tuple(d["s"]) if d.get("s") is not None else None, version=d.get("ver"),
         )
 
 
@@ -71,7 +79,11 @@ class EvidenceStore(Protocol):
         """Entries whose query vector has cosine >= min_similarity, best first; only `keys` when given."""
         ...
 
-    async def put(self, pkey: str, qkey: str, entry: Entry, vector: np.ndarray | None, ttl_s: int) -> None: ...
+    async def put(self, pkey: str, qkey: str, entry: Entry, vector: np.ndarray | None, ttl_s: int,
+                  aliases: Sequence[str] = ()) -> None:
+        """File `entry` (and its query vector) under `qkey`; the entry alone also under each alias, in
+        the same round trip."""
+        ...
 
     async def recent(self, pkey: str, since: float, limit: int = 1000) -> list[tuple[str, str, float]]:
         """(query key, normalised query, time filed) of entries with vectors filed after `since`.
@@ -79,9 +91,19 @@ class EvidenceStore(Protocol):
         Only shared stores (`shared = True`) need to answer; a replica-local store returns []."""
         ...
 
-    async def get_version(self, source: str) -> str | None: ...
+    async def get_source(self, source: str) -> dict[str, str] | None:
+        """A source's version fields (versions.SourceStore): each channel's value and confirmation time."""
+        ...
 
-    async def set_version(self, source: str, version: str) -> None: ...
+    async def advance_source(self, source: str, channel: str, value: str, now: float) -> tuple[dict[str, str], bool]:
+        """Atomically: confirm `value` if it is the channel's current one, make it current if never seen
+        (arrival order), else leave the source as it is; the fields after, and whether `value` is current."""
+        ...
+
+    async def claim_probe(self, source: str, now: float, interval: float) -> tuple[bool, dict[str, str]]:
+        """Whether no probe of `source` was claimed in the last `interval` seconds (then this one is);
+        the source's fields."""
+        ...
 
     async def get_threshold(self, scope: str) -> float | None:
         """The similarity threshold the self-audit raised for `scope`, shared by every replica (None: not raised)."""

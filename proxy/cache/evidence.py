@@ -1,29 +1,36 @@
-"""The evidence cache itself: lookup (exact -> semantic -> verification -> ACL) and store.
+"""The evidence cache itself: lookup (exact -> semantic -> verification -> view and ACL -> freshness) and store.
 
-No HTTP here: the stage turns an exchange into a `Query`, and the benchmark drives this class
-directly. Guarantees: no lookup crosses a partition; a semantic candidate is served only after
-`verify` passes and when its evidence's first result was not nearly tied (`min_top_margin`); nothing
-is served unless the ACL decision (and the external check, when configured) allows every cached
-chunk to the current principal.
+No HTTP here: the stage turns an exchange into a `Query` (and its version probe into a callable),
+and the benchmark drives this class directly. Guarantees: no lookup crosses a partition; a semantic
+candidate is served only after `verify` passes and when its evidence's first result was not nearly
+tied (`min_top_margin`); nothing is served unless the principal's view is inside the one the entry
+was fetched under (when the upstream filters by caller) and the ACL decision (and the external
+check, when configured) allows every cached chunk; an entry older than its source's staleness
+bound is served only with the source's version confirmed within the bound. A duplicate of a
+retrieval in flight in this process waits for it (`lookup(...).wait`).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import xxhash
 
 from . import acl
 from .audit import Auditor
 from .embedders import Embedder, NoEmbedder
 from .entry import Entry, EvidenceStore
+from .flights import Flight, Flights
 from .lexical import LexicalIndex
 from .partition import Partition, canonical_filters, exact_key, filter_words, normalize_query, serves_top_k
 from .principal import Principal
 from .verify import features, top_margin, verify
-from .versions import Versions
+from .versions import Probe, SourceState, Versions, compose
 
 if TYPE_CHECKING:
     import numpy as np
@@ -31,6 +38,13 @@ if TYPE_CHECKING:
 MAX_VOCAB = 2_000  # filter-like words remembered per partition
 SYNC_INTERVAL_S = 0.25  # how often a replica pulls other replicas' new entries of a partition
 SYNC_OVERLAP_S = 5.0
+MAX_STALENESS_S = 300.0  # config.CacheConfig.max_staleness_s's default
+
+# Why an entry was servable as to time (the span's `ragtoll.cache.freshness`).
+FRESH_YOUNG = "young"  # fetched within the bound
+FRESH_CONFIRMED = "confirmed"  # older, but its version was confirmed within the bound (push, response)
+FRESH_PROBED = "probed"  # older, and this lookup's probe confirmed its version
+FRESH_INFLIGHT = "inflight"  # the answer of a retrieval this call waited for
 
 
 @dataclass(slots=True)
@@ -40,22 +54,36 @@ class Query:
     filters: Any = None
     top_k: int | None = None
     principal: Principal = field(default_factory=lambda: Principal("anonymous"))
+    selector: str = ""  # partition.selector: the upstream target and the body fields not understood
+    vector: Sequence[float] | None = None  # a query by vector: exact tier only, keyed by its hash
+    scoped: bool = False  # the upstream filters results by caller: entries remember the fetcher's view
+    probe: Probe | None = None  # asks the source for its version when an entry needs confirming
 
 
 @dataclass(slots=True)
 class Lookup:
-    """What a lookup found; also what `store` needs to file the evidence after a miss."""
+    """What a lookup found; also what `store_evidence` needs to file the evidence after a miss."""
 
     query: Query
     partition: Partition
     norm: str
-    qkey: str
+    qkey: str  # the exact tier's key: normalised text (and vector)
+    key: str = ""  # the entry key: qkey and, when the upstream filters by caller, the asker's view
+    scope: tuple[str, ...] | None = None  # the asker's view, when the upstream filters by caller
+    state: SourceState | None = None  # the source's version when the lookup began
     entry: Entry | None = None
     tier: str | None = None  # exact | semantic
     similarity: float | None = None
-    reason: str = ""  # why it is a miss: none, top_k, acl:*, authz:*, the refusing check, below_threshold
+    # why it is a miss: none, top_k, scope:*, acl:*, authz:*, stale:*, the refusing check, below_threshold
+    reason: str = ""
+    view: str | None = None  # the view rule a hit passed (acl.VIEW_*)
+    freshness: str | None = None  # why a hit was fresh enough (FRESH_*)
     vector: np.ndarray | None = None
     seconds: float = 0.0
+    wait: Flight | None = None  # a retrieval in flight this call may be served from: wait for it
+    wait_tier: str = "exact"
+    wait_similarity: float = 1.0
+    flight: Flight | None = None  # the retrieval in flight this call leads (its duplicates wait for it)
 
     @property
     def hit(self) -> bool:
@@ -73,10 +101,19 @@ class Filing:
     parts: list[bytes] = field(default_factory=list)
     size: int = 0
     too_big: bool = False
+    entry: Entry | None = None  # made as soon as the answer was read whole (landed for waiters)
+    version: str | None = None  # the source version the answer carried
 
 
 def private_key(qkey: str, owner: str) -> str:
     return f"{qkey}.{owner[:32]}"
+
+
+def entry_key(qkey: str, scope: tuple[str, ...] | None) -> str:
+    """Where an entry is filed: per fetcher view when the upstream filters by caller."""
+    if scope is None:
+        return qkey
+    return f"{qkey}~{xxhash.xxh3_64_hexdigest(chr(0).join(scope).encode('utf-8', 'surrogatepass'))}"
 
 
 class EvidenceCache:
@@ -84,6 +121,7 @@ class EvidenceCache:
                  similarity: float = 0.8, candidates: int = 3, ttl_s: int = 3600, public: str = "public",
                  authz: acl.ExternalAuthz | None = None, auditor: Auditor | None = None,
                  verify_candidates: bool = True, prefilter: bool = True, min_top_margin: float = 0.0,
+                 max_staleness_s: float = MAX_STALENESS_S, staleness: Mapping[str, float] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
         # an entry whose first result led its own retrieval by less than this (`top_margin`) serves
@@ -91,14 +129,17 @@ class EvidenceCache:
         self.min_top_margin = min_top_margin
         self.verify_candidates = verify_candidates  # False only for the plain-threshold baseline (bench)
         self.embedder = embedder or NoEmbedder()
-        self.versions = versions or Versions(store, {})
+        self.versions = versions or Versions(store, {}, now=clock)
         self.candidates = candidates
         self.ttl_s = ttl_s
         self.public = public
         self.authz = authz
         self.auditor = auditor or Auditor(0.0, similarity)
         self.auditor.bind(store)  # raised thresholds are shared by every replica on this store
-        self._clock = clock
+        self.max_staleness_s = max_staleness_s
+        self.staleness = dict(staleness or {})  # per route (source)
+        self.flights = Flights()
+        self._clock = clock  # wall clock: when entries were fetched, versions confirmed
         # filter-like words per partition (its filters' values, then what responses' metadata taught), frozen:
         # verification features are memoised per (text, vocabulary)
         self._vocab: OrderedDict[str, frozenset[str]] = OrderedDict()
@@ -112,38 +153,69 @@ class EvidenceCache:
         self._shared = bool(getattr(store, "shared", False))
         self._synced: OrderedDict[str, tuple[float, float]] = OrderedDict()  # pkey -> (newest seen, checked at)
 
-    async def partition(self, q: Query) -> Partition:
-        version = await self.versions.current(q.route)
-        return Partition(q.route, version, canonical_filters(q.filters), q.principal.tenant)
+    def bound(self, route: str) -> float:
+        """The staleness bound of a source: how old an entry may be served without a confirmed version."""
+        return self.staleness.get(route, self.max_staleness_s)
 
-    async def lookup(self, q: Query) -> Lookup:
+    async def lookup(self, q: Query, *, serve: bool = True, lead: bool = False) -> Lookup:
+        """Find evidence for `q`. `serve=False` (the caller's `no-cache`): only what filing needs.
+        `lead`: a miss will be filed, so it leads a flight its duplicates wait for (`lk.flight`; the
+        caller must `end` it); a miss that finds another's flight gets `lk.wait` instead."""
         t0 = time.perf_counter()
-        part = await self.partition(q)
+        state = await self.versions.state(q.route)
+        part = Partition(q.route, state.version, canonical_filters(q.filters), q.principal.tenant, q.selector)
         norm = normalize_query(q.text)
-        lk = Lookup(q, part, norm, exact_key(norm), reason="none")
+        qkey = exact_key(norm, q.vector)
+        scope = acl.scope_of(q.principal, q.scoped)
+        lk = Lookup(q, part, norm, qkey, entry_key(qkey, scope), scope, state, reason="none")
+        if lead:  # before any store round trip: a duplicate arriving meanwhile finds it
+            lk.flight = self.flights.start(part.key, lk.key, norm, q.top_k, text=q.vector is None)
         try:
-            await self._lookup(lk)
+            if serve:
+                await self._lookup(lk)
+                if lk.entry is not None:
+                    self._served(lk)
+                elif not lk.reason.startswith("stale:version"):
+                    if lk.flight is not None and lk.vector is not None:
+                        lk.flight.vector = lk.vector  # semantic duplicates compare with it
+                    await self._inflight(lk)
+        except BaseException:
+            self.end(lk)
+            raise
         finally:
             lk.seconds = time.perf_counter() - t0
         return lk
 
+    def _served(self, lk: Lookup) -> None:
+        """A hit leads nothing: its own flight's waiters get the entry when it is theirs word for word."""
+        if lk.flight is not None:
+            self.land(lk, lk.entry if lk.entry is not None and lk.entry.query == lk.norm else None)
+            self.end(lk)
+            lk.flight = None
+
     async def _lookup(self, lk: Lookup) -> None:
         q, pkey = lk.query, lk.partition.key
-        # shared entries under the query key; entries with an unknown ACL under the owner's own key,
-        # so two principals asking the same thing never evict each other's private evidence
-        for entry in await self.store.get_many(pkey, (lk.qkey, private_key(lk.qkey, q.principal.key))):
-            if entry is None:
+        # The asker's own view's entry; the latest of any view (the query key: a wider view's entry
+        # serves a narrower one); entries with an unknown ACL under the owner's own key, so two
+        # principals asking the same thing never evict each other's private evidence. One round trip.
+        slots = [lk.key, private_key(lk.key, q.principal.key)] + ([lk.qkey] if lk.key != lk.qkey else [])
+        judged: list[Entry] = []
+        for entry in await self.store.get_many(pkey, slots):
+            if entry is None or any(entry == e for e in judged):
                 continue
+            judged.append(entry)
             if not serves_top_k(entry.top_k, q.top_k):
                 lk.reason = "top_k"
                 continue
-            why = await self._allowed(entry, q.principal)
+            why = await self._servable(lk, entry)
             if why is None:
                 lk.entry, lk.tier, lk.similarity = entry, "exact", 1.0
                 return
             lk.reason = why
-        if isinstance(self.embedder, NoEmbedder):
-            return
+            if why == "stale:version":
+                return  # the source moved on: nothing in this partition is current
+        if isinstance(self.embedder, NoEmbedder) or q.vector is not None:
+            return  # queries by vector have the exact tier only
         vocab = self._partition_vocab(pkey, q.filters)
         mine = features(lk.norm, vocab)
         keys: list[str] | None = None
@@ -166,59 +238,193 @@ class EvidenceCache:
                 lk.reason = "below_threshold"
             return
         for sim, cand in found:
-            if cand.query == lk.norm:
+            if cand.query == lk.norm and cand.scope == lk.scope:
                 continue  # the exact entry, already judged above
             if not serves_top_k(cand.top_k, q.top_k):
                 lk.reason = "top_k"
                 continue
-            words = vocab | frozenset(cand.vocab) if cand.vocab else vocab
-            ours = features(lk.norm, words) if cand.vocab else mine
-            refused = verify(ours, features(cand.query, words), sim, words) if self.verify_candidates else None
-            if refused is None and self.verify_candidates and self._fragile(cand):
-                refused = "ranking"
+            refused = self._verify(lk, cand, sim, vocab, mine)
             if refused is not None:
                 lk.reason, lk.similarity = f"verify:{refused}", sim
                 continue
-            why = await self._allowed(cand, q.principal)
+            why = await self._servable(lk, cand)
             if why is not None:
                 lk.reason = why
+                if why == "stale:version":
+                    return
                 continue
-            lk.entry, lk.tier, lk.similarity = cand, "semantic", sim
+            # the same text fetched under another (wider) view is an exact hit, not a paraphrase
+            lk.entry, lk.tier, lk.similarity = cand, "exact" if cand.query == lk.norm else "semantic", sim
             return
 
-    def _fragile(self, entry: Entry) -> bool:
-        return entry.margin is not None and entry.margin < self.min_top_margin
+    def _verify(self, lk: Lookup, cand: Entry, sim: float, vocab: frozenset[str], mine: Any = None) -> str | None:
+        """None if `cand`'s query may serve this one (verification and the ranking check); else why not."""
+        if cand.query == lk.norm or not self.verify_candidates:
+            return None
+        words = vocab | frozenset(cand.vocab) if cand.vocab else vocab
+        ours = features(lk.norm, words) if cand.vocab or mine is None else mine
+        refused = verify(ours, features(cand.query, words), sim, words)
+        if refused is None and cand.margin is not None and cand.margin < self.min_top_margin:
+            refused = "ranking"
+        return refused
 
-    async def _allowed(self, entry: Entry, principal: Principal) -> str | None:
-        why = acl.decide(entry.acls, entry.owner, principal, self.public)
+    async def _servable(self, lk: Lookup, entry: Entry) -> str | None:
+        """None if `entry` may be served to this lookup's principal now; else why not (view, ACL, authz, age)."""
+        principal = lk.query.principal
+        if lk.scope is not None and entry.scope is None:
+            return "view:unknown"  # filed when the upstream was taken to answer everyone alike
+        why = acl.decide(entry.acls, entry.owner, principal, self.public, entry.scope)
         if why is None and self.authz is not None:
             why = await self.authz.allows(principal, entry.chunk_ids)
+        if why is None:
+            why = await self._stale(lk, entry)
+        if why is None:
+            lk.view = acl.view_rule(entry.scope, entry.owner)
         return why
 
-    async def store_evidence(self, lk: Lookup, *, chunk_ids: Sequence[str], acls: Sequence[tuple[str, ...] | None],
-                             body: bytes, content_type: str = "application/json", vocab: Sequence[str] = (),
-                             version: str | None = None,
-                             scores: Sequence[float | None] | None = None) -> Partition:
-        """File what live retrieval returned for `lk`'s query. `version`: the one the response carried;
-        `scores`: the results' retrieval scores in rank order, when the response had them."""
+    async def _stale(self, lk: Lookup, entry: Entry) -> str | None:
+        """None if `entry` is fresh enough: fetched within the source's bound, or older with the source's
+        version confirmed within it (by a push or a response, else by the query's probe, run now)."""
+        bound = self.bound(lk.query.route)
+        now = self._clock()
+        if now - entry.created <= bound:
+            lk.freshness = FRESH_YOUNG
+            return None
+        assert lk.state is not None
+        if lk.state.confirmed_within(bound, now):
+            lk.freshness = FRESH_CONFIRMED
+            return None
+        if lk.query.probe is None:
+            return "stale:unconfirmed"
+        state = await self.versions.confirm(lk.query.route, bound, lk.query.probe)
+        if state.version != lk.partition.version:
+            # the source moved on: this miss's answer is filed under the version it now has
+            p = lk.partition
+            lk.state, lk.partition = state, Partition(p.route, state.version, p.filters, p.tenant, p.selector)
+            return "stale:version"
+        if not state.confirmed_within(bound, self._clock()):
+            return "stale:unconfirmed"
+        lk.state, lk.freshness = state, FRESH_PROBED
+        return None
+
+    # --- single flight ------------------------------------------------------------------------------
+
+    async def _inflight(self, lk: Lookup) -> None:
+        """A retrieval in flight in this process that this miss may be served from: `lk.wait`."""
+        q, pkey = lk.query, lk.partition.key
+        same = self.flights.find(pkey, lk.key)
+        if same is not None and same is not lk.flight and serves_top_k(same.top_k, q.top_k):
+            lk.wait = same
+            return
+        if isinstance(self.embedder, NoEmbedder) or q.vector is not None or not self.verify_candidates:
+            return
+        flying = [f for f in self.flights.others(pkey, lk.key, lk.flight) if serves_top_k(f.top_k, q.top_k)]
+        if not flying:
+            return
+        vocab = self._partition_vocab(pkey, q.filters)
+        mine = features(lk.norm, vocab)
+        threshold = await self.auditor.current(lk.partition.source)
+        for f in flying:
+            if f.norm != lk.norm and verify(mine, features(f.norm, vocab), 1.0, vocab) is not None:
+                continue  # could never verify: not worth an embedding
+            if lk.vector is None:
+                lk.vector = await self.embedder.embed(lk.norm)
+            if f.vector is None:
+                f.vector = await self.embedder.embed(f.norm)
+            if lk.vector is None or f.vector is None:
+                return
+            sim = 1.0 if f.norm == lk.norm else float(lk.vector @ f.vector)
+            if sim >= threshold:
+                lk.wait, lk.wait_tier, lk.wait_similarity = f, "exact" if f.norm == lk.norm else "semantic", sim
+                return
+
+    async def admit(self, lk: Lookup, entry: Entry | None) -> bool:
+        """After waiting for `lk.wait`: serve its landed `entry` to this lookup if every rule allows."""
+        if entry is None:
+            lk.reason = "inflight:unfiled"
+            return False
+        if not serves_top_k(entry.top_k, lk.query.top_k):
+            lk.reason = "top_k"
+            return False
+        if lk.wait_tier == "semantic":
+            refused = self._verify(lk, entry, lk.wait_similarity, self._partition_vocab(lk.partition.key,
+                                                                                       lk.query.filters))
+            if refused is not None:
+                lk.reason, lk.similarity = f"verify:{refused}", lk.wait_similarity
+                return False
+        why = await self._servable(lk, entry)
+        if why is not None:
+            lk.reason = why
+            return False
+        lk.entry, lk.tier, lk.similarity, lk.freshness = entry, lk.wait_tier, lk.wait_similarity, FRESH_INFLIGHT
+        self._served(lk)
+        return True
+
+    def land(self, lk: Lookup, entry: Entry | None) -> None:
+        """The leader has the whole answer (`entry`, None if it will not be filed): its waiters go on."""
+        if lk.flight is not None:
+            lk.flight.land(entry)
+
+    def end(self, lk: Lookup) -> None:
+        """The leader is done, however it ended (always called once per led flight)."""
+        if lk.flight is not None:
+            self.flights.end(lk.flight)
+
+    # --- filing ---------------------------------------------------------------------------------------
+
+    def make_entry(self, lk: Lookup, *, chunk_ids: Sequence[str], acls: Sequence[tuple[str, ...] | None],
+                   body: bytes, content_type: str = "application/json", vocab: Sequence[str] = (),
+                   version: str | None = None, scores: Sequence[float | None] | None = None) -> Entry:
+        """The entry live retrieval's answer to `lk` becomes. `version`: the one the response carried."""
+        words = tuple(sorted({w for w in vocab if 0 < len(w) <= 40})[:200])
+        return Entry(lk.norm, lk.query.top_k, tuple(chunk_ids), tuple(acls), body, content_type,
+                     acl.owner_of(acls, lk.query.principal), words, self._clock(),
+                     top_margin(scores) if scores is not None else None, lk.scope,
+                     version or (lk.state.observed if lk.state else None))
+
+    def known_current(self, lk: Lookup, version: str | None) -> bool:
+        """Whether an answer carrying `version` is known current without asking the store (so it may be
+        landed for waiters at once): no version, or the one the lookup saw."""
+        return version is None or (lk.state is not None and version == lk.state.observed)
+
+    async def store_evidence(self, lk: Lookup, *, chunk_ids: Sequence[str] = (),
+                             acls: Sequence[tuple[str, ...] | None] = (), body: bytes = b"",
+                             content_type: str = "application/json", vocab: Sequence[str] = (),
+                             version: str | None = None, scores: Sequence[float | None] | None = None,
+                             entry: Entry | None = None) -> Partition | None:
+        """File what live retrieval returned for `lk`'s query (or the `entry` made of it already).
+        `version`: the one the response carried: a value the source has moved past is not filed (a
+        lagging replica's answer), a new one moves the source forward. Returns the partition filed in."""
+        if entry is None:
+            entry = self.make_entry(lk, chunk_ids=chunk_ids, acls=acls, body=body, content_type=content_type,
+                                    vocab=vocab, version=version, scores=scores)
         part = lk.partition
         if version is not None:
-            seen = await self.versions.observe(lk.query.route, version)
+            _, current = await self.versions.observe(lk.query.route, version)
+            if not current:
+                self.land(lk, None)
+                return None
+            # filed under the version the call was sent under, with the observed part the response
+            # carried: a push in between makes it unreachable, never misfiled as newer
+            assert lk.state is not None
+            seen = compose(lk.state.pushed, version)
             if seen != part.version:
-                part = Partition(part.route, seen, part.filters, part.tenant)
-        words = tuple(sorted({w for w in vocab if 0 < len(w) <= 40})[:200])
-        entry = Entry(lk.norm, lk.query.top_k, tuple(chunk_ids), tuple(acls), body, content_type,
-                      acl.owner_of(acls, lk.query.principal), words, self._clock(),
-                      top_margin(scores) if scores is not None else None)
+                part = Partition(part.route, seen, part.filters, part.tenant, part.selector)
+        self.land(lk, entry)
         vector = lk.vector
-        if vector is None and not isinstance(self.embedder, NoEmbedder):
+        text = lk.query.vector is None
+        if vector is None and text and not isinstance(self.embedder, NoEmbedder):
             vector = await self.embedder.embed(lk.norm)
-        key = lk.qkey if entry.owner is None else private_key(lk.qkey, entry.owner)
-        await self.store.put(part.key, key, entry, vector, self.ttl_s)
-        self._learn(part.key, words, lk.query.filters)
-        if self.prefilter and vector is not None:
+        key = lk.key if entry.owner is None else private_key(lk.key, entry.owner)
+        # a shared entry of one view is also the query's latest, which any view inside it may be served
+        aliases = (lk.qkey,) if entry.owner is None and lk.key != lk.qkey else ()
+        await self.store.put(part.key, key, entry, vector if text else None, self.ttl_s, aliases)
+        self._learn(part.key, entry.vocab, lk.query.filters)
+        if self.prefilter and vector is not None and text:
             self._lex.add(part.key, key, lk.norm, features(lk.norm).content)
         return part
+
+    # --- replica-local indexes --------------------------------------------------------------------------
 
     async def _sync(self, pkey: str) -> None:
         newest, checked = self._synced.get(pkey, (0.0, 0.0))
@@ -250,3 +456,8 @@ class EvidenceCache:
             while len(self._vocab) > 10_000:
                 self._vocab.popitem(last=False)
         return known
+
+
+def age_of(entry: Entry, now: float) -> float:
+    """How long ago the upstream answered with this entry's evidence, in seconds (0 for a clock behind)."""
+    return max(0.0, now - entry.created) if math.isfinite(entry.created) else 0.0

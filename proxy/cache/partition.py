@@ -1,14 +1,18 @@
 """Partition and exact keys of the evidence cache (pure: no I/O, no clock).
 
-A partition is the hard boundary no lookup ever crosses: route/index, source version, canonical
-filters and tenant. Inside it, the exact key is the normalised query text; `top_k` is not part
-of any key - an entry fetched with top_k=N serves any ask of top_k <= N.
+A partition is the hard boundary no lookup ever crosses: the route, the selector (the upstream
+path and query string after the prefix, and a hash of every body field the adapter does not
+understand: collection, namespace, score threshold...), the source version, canonical filters
+and tenant. Inside it, the exact key is the normalised query text (and a query vector's hash);
+`top_k` is not part of any key - an entry fetched with top_k=N serves any ask of top_k <= N.
 """
 
 from __future__ import annotations
 
 import re
+import struct
 import unicodedata
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,22 +50,39 @@ class Partition:
     version: str
     filters: bytes
     tenant: str
+    selector: str = ""  # `selector(target, unknown)`: where the query went and what else its body said
 
     @property
     def key(self) -> str:
         """Short stable id; the Redis hash tag of every key of this partition."""
-        raw = b"\x00".join((self.route.encode(), self.version.encode(), self.filters, self.tenant.encode()))
+        raw = b"\x00".join((self.route.encode(), self.version.encode(), self.filters, self.tenant.encode(),
+                            self.selector.encode("utf-8", "surrogatepass")))
         return xxhash.xxh3_128_hexdigest(raw)
 
     @property
     def source(self) -> str:
-        """The threshold/audit scope: route + filters + tenant, across versions."""
-        raw = b"\x00".join((self.route.encode(), self.filters, self.tenant.encode()))
+        """The threshold/audit scope: route + selector + filters + tenant, across versions."""
+        raw = b"\x00".join((self.route.encode(), self.filters, self.tenant.encode(),
+                            self.selector.encode("utf-8", "surrogatepass")))
         return xxhash.xxh3_64_hexdigest(raw)
 
 
-def exact_key(normalized_query: str) -> str:
-    return xxhash.xxh3_128_hexdigest(normalized_query.encode())
+def selector(target: str, unknown: str | None) -> str:
+    """What selects the evidence besides query, filters and top_k: the upstream target (path and query
+    string after the route's prefix, as sent) and the hash of the body fields the adapter does not
+    understand (`Call.selector`). Kept verbatim, so `/search` and `/search/` are two partitions: a
+    false miss costs a retrieval, a false hit serves another index's evidence."""
+    return f"{target}\x00{unknown or ''}"
+
+
+def exact_key(normalized_query: str, vector: Sequence[float] | None = None) -> str:
+    """The exact tier's key: the normalised text, and the query vector's float64 bytes when there is one."""
+    h = xxhash.xxh3_128()
+    h.update(normalized_query.encode("utf-8", "surrogatepass"))
+    if vector is not None:
+        h.update(b"\x00v\x00")
+        h.update(struct.pack(f"<{len(vector)}d", *vector))
+    return h.hexdigest()
 
 
 def serves_top_k(cached: int | None, asked: int | None) -> bool:

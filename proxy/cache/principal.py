@@ -2,15 +2,17 @@
 
 `identity.mode`: `jwt` verifies a bearer token with PyJWT (HS256 secret, or RS256/ES256 keys from
 a JWKS file; expiry, audience and issuer checked; `alg: none` never accepted); `header` trusts the
-auth gateway's headers - and only in that mode; `none` keys an anonymous principal by a hash of
-the credential the caller sent, so callers the upstream tells apart never share private entries.
-A token that fails verification gives no principal: the call bypasses the cache.
+auth gateway's headers - and only in that mode; a gateway that sends groups and no subject gets a
+subject derived from the groups and tenant; `none` keys an anonymous principal by a hash of the
+credential the caller sent, so callers the upstream tells apart never share private entries.
+A token that fails verification gives no principal: the call bypasses the cache. An identity
+header sent twice is ambiguous (`identity:ambiguous`): the cache stage refuses the call.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +40,12 @@ class Principal:
         """The exact principal: subject, tenant and groups. Owner of entries with unknown ACLs."""
         raw = "\x00".join((self.tenant, self.subject, *sorted(self.groups)))
         return xxhash.xxh3_128_hexdigest(raw.encode())
+
+    @property
+    def view(self) -> frozenset[str]:
+        """What an upstream that filters by caller can tell this caller by: its groups (within its
+        tenant, which partitions the cache); an anonymous caller also by its credential (the subject)."""
+        return self.groups if self.authenticated else self.groups | {self.subject}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +99,21 @@ class PrincipalResolver:
             if len(keyset.keys) == 1:
                 self._single_key = keyset.keys[0]
 
-    def resolve(self, headers: Mapping[str, str]) -> Resolution:
+    @property
+    def identity_headers(self) -> frozenset[str]:
+        """The request headers (lower case) this mode reads identity from: sent twice, they are ambiguous."""
+        if self.mode == "jwt":
+            return frozenset({"authorization"})
+        if self.mode == "header":
+            h = self.config.header
+            return frozenset({h.subject.lower(), h.groups.lower(), h.tenant.lower()})
+        return frozenset()
+
+    def resolve(self, headers: Mapping[str, str], repeated: Collection[str] = ()) -> Resolution:
+        """The caller's principal. `repeated`: header names (lower case) the request sent more than
+        once; one of the identity headers among them is `identity:ambiguous`, never a union."""
+        if repeated and not self.identity_headers.isdisjoint(repeated):
+            return Resolution(None, "identity:ambiguous")
         if self.mode == "jwt":
             return self._from_jwt(headers)
         if self.mode == "header":
@@ -103,10 +125,18 @@ class PrincipalResolver:
     def _from_headers(self, headers: Mapping[str, str]) -> Resolution:
         h = self.config.header
         subject = headers.get(h.subject.lower(), "").strip()
-        if not subject or len(subject) > 256:
-            return Resolution(None, "identity:missing")
         groups = _split_groups(headers.get(h.groups.lower(), ""))
         tenant = headers.get(h.tenant.lower(), "").strip()[:128]
+        if len(subject) > 256:
+            return Resolution(None, "identity:invalid")
+        if not subject:
+            if not groups:
+                return Resolution(None, "identity:missing")
+            # Groups only: the upstream can tell such callers apart by nothing else, so neither can
+            # the cache. The derived subject only owns entries with unknown ACLs (never an ACL match).
+            raw = "\x00".join((tenant, *sorted(groups)))
+            subject = "groups:" + xxhash.xxh3_64_hexdigest(raw.encode())
+            return Resolution(Principal(subject, groups, tenant, authenticated=True), notes=("identity:groups_only",))
         return Resolution(Principal(subject, groups, tenant, authenticated=True))
 
     def _from_jwt(self, headers: Mapping[str, str]) -> Resolution:

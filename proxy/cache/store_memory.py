@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 VERSION_TTL_S = 30 * 24 * 3600
 # A threshold the self-audit raised: kept as long, renewed by every further raise.
 THRESHOLD_TTL_S = VERSION_TTL_S
+VERSIONS_KEPT = 1000  # values remembered per source and channel (an older one could come back as new)
 
 _V = TypeVar("_V")
 
@@ -45,7 +46,8 @@ class MemoryEvidenceStore:
         self._lru: OrderedDict[tuple[str, str], tuple[Entry, float]] = OrderedDict()
         self._parts: dict[str, _Partition] = {}
         self._bytes = 0
-        self._versions: dict[str, tuple[str, float]] = {}
+        # source -> ((its version fields, the values seen per channel -> arrival order), expiry)
+        self._sources: dict[str, tuple[tuple[dict[str, str], dict[tuple[str, str], int]], float]] = {}
         self._thresholds: dict[str, tuple[float, float]] = {}
 
     def __len__(self) -> int:
@@ -104,7 +106,10 @@ class MemoryEvidenceStore:
             out.append((sim, found[0]))
         return out
 
-    async def put(self, pkey: str, qkey: str, entry: Entry, vector: np.ndarray | None, ttl_s: int) -> None:
+    async def put(self, pkey: str, qkey: str, entry: Entry, vector: np.ndarray | None, ttl_s: int,
+                  aliases: Sequence[str] = ()) -> None:
+        for alias in aliases:
+            await self.put(pkey, alias, entry, None, ttl_s)
         key = (pkey, qkey)
         if key in self._lru:
             self._drop(key)
@@ -137,11 +142,34 @@ class MemoryEvidenceStore:
     async def recent(self, pkey: str, since: float, limit: int = 1000) -> list[tuple[str, str, float]]:
         return []
 
-    async def get_version(self, source: str) -> str | None:
-        return self._unexpired(self._versions, source)
+    async def get_source(self, source: str) -> dict[str, str] | None:
+        found = self._unexpired(self._sources, source)
+        return dict(found[0]) if found is not None else None
 
-    async def set_version(self, source: str, version: str) -> None:
-        self._versions[source] = (version, self._clock() + VERSION_TTL_S)
+    async def advance_source(self, source: str, channel: str, value: str, now: float) -> tuple[dict[str, str], bool]:
+        fields, seen = self._unexpired(self._sources, source) or ({}, {})
+        current = True
+        if fields.get(channel) == value:
+            fields[channel + "_at"] = repr(now)
+        elif (channel, value) in seen:
+            current = False  # seen before and superseded: never current again
+        else:
+            if channel in fields:
+                seen.setdefault((channel, fields[channel]), len(seen))
+            seen[(channel, value)] = len(seen)
+            fields[channel], fields[channel + "_at"] = value, repr(now)
+            while sum(1 for c, _ in seen if c == channel) > VERSIONS_KEPT:
+                del seen[next(k for k in seen if k[0] == channel)]  # the oldest of the channel
+        self._sources[source] = ((fields, seen), self._clock() + VERSION_TTL_S)
+        return dict(fields), current
+
+    async def claim_probe(self, source: str, now: float, interval: float) -> tuple[bool, dict[str, str]]:
+        fields, seen = self._unexpired(self._sources, source) or ({}, {})
+        claimed = now - float(fields.get("probed_at", "-inf")) >= interval
+        if claimed:
+            fields["probed_at"] = repr(now)
+        self._sources[source] = ((fields, seen), self._clock() + VERSION_TTL_S)
+        return claimed, dict(fields)
 
     async def get_threshold(self, scope: str) -> float | None:
         return self._unexpired(self._thresholds, scope)

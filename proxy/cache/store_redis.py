@@ -2,8 +2,9 @@
 
 Every key of a partition shares its hash tag `ragtoll:{c:<partition>}:` - the entry blobs
 (`e:<query key>`), the vectors hash (`v`) and the insertion-order set (`z`) - so each step is a
-single-slot pipeline that runs unchanged on Cluster. Every key has a TTL. A partition keeps at
-most `max_partition_entries` vectors; the oldest are trimmed.
+single-slot pipeline that runs unchanged on Cluster. A source's version state and the values each
+channel has seen share `ragtoll:{v:<source>}:`, so moving it forward is one single-slot script.
+Every key has a TTL. A partition keeps at most `max_partition_entries` vectors; the oldest are trimmed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from ..stores.redis import connect
 from .entry import Entry
 
 VERSION_TTL_S = 30 * 24 * 3600
+VERSIONS_KEPT = 1000  # values remembered per source and channel (an older one could come back as new)
 THRESHOLD_TTL_S = VERSION_TTL_S  # a threshold the self-audit raised; renewed by every further raise
 # raise, never lower: concurrent raises from two replicas keep the higher threshold
 _RAISE = """
@@ -27,6 +29,53 @@ if cur == nil or new > cur then redis.call('HSET', KEYS[1], 'threshold', ARGV[1]
 redis.call('EXPIRE', KEYS[1], ARGV[2])
 return tostring(new)
 """
+
+
+# A source's version channel moves forward only: the value current already is confirmed; one never
+# seen becomes current (its arrival order recorded); one seen before and superseded changes nothing.
+# KEYS: the source's hash, the channel's seen set. ARGV: channel, value, now, ttl, values kept.
+_ADVANCE = """
+local cur = redis.call('HGET', KEYS[1], ARGV[1])
+local current = 1
+if cur == ARGV[2] then
+  redis.call('HSET', KEYS[1], ARGV[1] .. '_at', ARGV[3])
+elseif redis.call('ZSCORE', KEYS[2], ARGV[2]) then
+  current = 0
+else
+  local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+  local order = 1
+  if top[2] then order = tonumber(top[2]) + 1 end
+  if cur then redis.call('ZADD', KEYS[2], 'NX', order, cur); order = order + 1 end
+  redis.call('ZADD', KEYS[2], order, ARGV[2])
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. '_at', ARGV[3])
+  local n = redis.call('ZCARD', KEYS[2])
+  if n > tonumber(ARGV[5]) then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, n - tonumber(ARGV[5]) - 1) end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+return {current, redis.call('HGETALL', KEYS[1])}
+"""
+# at most one probe per interval per source, across replicas. ARGV: now, interval, ttl
+_CLAIM = """
+local last = tonumber(redis.call('HGET', KEYS[1], 'probed_at'))
+local claimed = 0
+if last == nil or tonumber(ARGV[1]) - last >= tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], 'probed_at', ARGV[1])
+  redis.call('EXPIRE', KEYS[1], ARGV[3])
+  claimed = 1
+end
+return {claimed, redis.call('HGETALL', KEYS[1])}
+"""
+
+
+def _source(source: str) -> tuple[str, str]:
+    """A source's version hash and the prefix of its channels' seen sets: one hash tag, one slot."""
+    return f"ragtoll:{{v:{source}}}:state", f"ragtoll:{{v:{source}}}:seen:"
+
+
+def _fields(flat: list[Any]) -> dict[str, str]:
+    items = [x.decode() if isinstance(x, bytes) else str(x) for x in flat]
+    return dict(zip(items[::2], items[1::2], strict=True))
 
 
 def _keys(pkey: str) -> tuple[str, str, str]:
@@ -98,10 +147,14 @@ class RedisEvidenceStore:
             await pipe.execute()
         return out
 
-    async def put(self, pkey: str, qkey: str, entry: Entry, vector: np.ndarray | None, ttl_s: int) -> None:
+    async def put(self, pkey: str, qkey: str, entry: Entry, vector: np.ndarray | None, ttl_s: int,
+                  aliases: Sequence[str] = ()) -> None:
         e, v, z = _keys(pkey)
         pipe = self.client.pipeline(transaction=False)
-        pipe.set(e + qkey, entry.dumps(), ex=ttl_s)
+        blob = entry.dumps()
+        pipe.set(e + qkey, blob, ex=ttl_s)
+        for alias in aliases:
+            pipe.set(e + alias, blob, ex=ttl_s)
         if vector is not None:
             pipe.hset(v, qkey, vector.astype(np.float32, copy=False).tobytes())
             pipe.expire(v, ttl_s)
@@ -131,12 +184,21 @@ class RedisEvidenceStore:
         texts = await self.client.hmget(_texts(pkey), qkeys)
         return [(q, t.decode(), float(score)) for q, t, (_, score) in zip(qkeys, texts, rows, strict=True) if t]
 
-    async def get_version(self, source: str) -> str | None:
-        raw = await self.client.get(f"ragtoll:{{v:{source}}}:version")
-        return raw.decode() if isinstance(raw, bytes) else raw
+    async def get_source(self, source: str) -> dict[str, str] | None:
+        raw = await self.client.hgetall(_source(source)[0])
+        return {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                for k, v in raw.items()} if raw else None
 
-    async def set_version(self, source: str, version: str) -> None:
-        await self.client.set(f"ragtoll:{{v:{source}}}:version", version, ex=VERSION_TTL_S)
+    async def advance_source(self, source: str, channel: str, value: str, now: float) -> tuple[dict[str, str], bool]:
+        state, seen = _source(source)
+        current, flat = await self.client.eval(_ADVANCE, 2, state, seen + channel, channel, value, repr(now),
+                                               VERSION_TTL_S, VERSIONS_KEPT)
+        return _fields(flat), bool(current)
+
+    async def claim_probe(self, source: str, now: float, interval: float) -> tuple[bool, dict[str, str]]:
+        claimed, flat = await self.client.eval(_CLAIM, 1, _source(source)[0], repr(now), repr(float(interval)),
+                                               VERSION_TTL_S)
+        return bool(claimed), _fields(flat)
 
     async def get_threshold(self, scope: str) -> float | None:
         raw = await self.client.hget(_audit(scope), "threshold")

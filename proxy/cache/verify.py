@@ -2,8 +2,9 @@
 
 Pure. Similar embeddings are only a loose first cut ("annual plans" and "monthly plans" score 0.9);
 this module refuses a candidate unless numbers, units, dates and periods, negation, direction and
-comparison words, the roles of from/to/than, quoted strings, named entities, filter-like words
-(learned from the partition's filters and chunk metadata) and the content words agree.
+comparison words, the roles of from/to/than, the order of the values around each connective ("from
+X to Y", "X to Y", "X → Y", "X vs Y", "before", "than"), quoted strings, named entities, filter-like
+words (learned from the partition's filters and chunk metadata) and the content words agree.
 `verify` returns None when the candidate may be served, else the name of the check that refused.
 `top_margin` measures how clearly a cached retrieval's first result led: a near tie is fragile,
 since a reworded query can reorder it, and the cache serves such an entry from the exact tier only.
@@ -39,6 +40,9 @@ class Features:
     entities: frozenset[str]
     content: frozenset[str]
     sequence: tuple[str, ...]  # the content words in order (minimal pairs)
+    # each connective (to, from, vs, than, before, after) with the values before and after it, up to
+    # the connectives next to it: "from monthly to annual" has ("to", {monthly}, {annual})
+    order: tuple[tuple[str, frozenset[str], frozenset[str]], ...] = ()
 
 
 def stem(word: str) -> str:
@@ -96,16 +100,36 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
     entities: set[str] = set()
     sequence: list[str] = []  # the content words, in order
     roles: list[tuple[str, str]] = []
+    # the values (content words, numbers, units, dates) between connectives, and the connectives
+    segments: list[list[str]] = [[]]
+    links: list[str] = []
     negated = False
     role: str | None = None
     prev_lower = ""
     last_content: str | None = None  # the content word right before this token, if any
+    adjacent: str | None = None  # the value right before this token, if any (an implicit "from")
+
+    def value(item: str) -> None:
+        """A value of the query: it fills a pending from/to/than/vs slot and its segment."""
+        nonlocal role, adjacent
+        if role:
+            roles.append((item, role))
+            role = None
+        segments[-1].append(item)
+        adjacent = item
+
+    def connective(group: str) -> None:
+        nonlocal adjacent
+        links.append(group)
+        segments.append([])
+        adjacent = None
+
     for i, tok in enumerate(raw_tokens):
         low = tok.casefold().replace("’", "'")
         m = _NUMERIC.match(low)
         if m:
-            value, pct, unit = m.groups()
-            numbers.add(_num(value))
+            number, pct, unit = m.groups()
+            numbers.add(_num(number))
             if pct:
                 units.add("percent")
             if tok.startswith("$"):
@@ -118,68 +142,78 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
                     pass
                 else:
                     entities.add(low)  # 4k, 5g, 2fa: a code, not a count
-            if role:
-                roles.append((_num(value), role))
-                role = None
+            value(_num(number))
             prev_lower = low
             continue
         if low.startswith("non-") and len(low) > 4:
             negated, low = True, low[4:]  # non-refundable
         if low in lx.SYMBOL_UNITS:
             units.add(lx.SYMBOL_UNITS[low])
+            value("u:" + lx.SYMBOL_UNITS[low])
             continue
         if low in ("→", ">"):
+            _implicit_source(roles, adjacent)
+            connective("to")
             role = "to"
-            _implicit_source(roles, last_content)
             continue
         if low in lx.NEGATIONS or low.endswith("n't"):
             negated = True
             continue
         if low in lx.ROLE_MARKERS:
-            role = lx.ROLE_MARKERS[low]
-            if role == "to":
-                _implicit_source(roles, last_content)  # "Tokyo to Sydney": Tokyo is the source
-            elif role == "than" and last_content is not None:
+            group = lx.ROLE_MARKERS[low]
+            if group == "to":
+                _implicit_source(roles, adjacent)  # "Tokyo to Sydney": Tokyo is the source
+            elif group == "than" and last_content is not None:
                 directions.add(f"than:{last_content}")  # "younger than" != "older than": the comparison itself
+            connective(group)
+            role = group
             last_content = None
             continue
         last_content = None
         c = canon(low)
         if low in lx.NUMBER_WORDS:
             numbers.add(lx.NUMBER_WORDS[low])
+            value(lx.NUMBER_WORDS[low])
             continue
         if c in lx.UNITS or low in lx.UNITS:
             unit = lx.UNITS.get(c) or lx.UNITS[low]
             if prev_lower in ("per", "a", "an", "each", "every") and unit in lx.PERIOD_UNITS:
                 dates.add(lx.PERIOD_UNITS[unit])  # "per month" is "monthly"
+                value("d:" + lx.PERIOD_UNITS[unit])
             elif prev_lower in lx.DATE_QUALIFIERS and unit in lx.PERIOD_UNITS:
                 dates.add(_qualified_date(prev_lower, unit))  # "last month" != "this month"
+                value("d:" + _qualified_date(prev_lower, unit))
             else:
                 units.add(unit)
+                value("u:" + unit)  # "USD to EUR": currencies and units take from/to slots too
             prev_lower = low
             continue
         if c in lx.DATES or low in lx.DATES:
-            d = lx.DATES.get(c) or lx.DATES[low]
-            dates.add(_qualified_date(prev_lower, d))
+            d = _qualified_date(prev_lower, lx.DATES.get(c) or lx.DATES[low])
+            dates.add(d)
+            value("d:" + d)  # "from monthly to annual"
             prev_lower = low
             continue
         if low in lx.DIRECTIONS or c in lx.DIRECTIONS:
-            directions.add(lx.DIRECTIONS.get(low) or lx.DIRECTIONS[c])
+            pole = lx.DIRECTIONS.get(low) or lx.DIRECTIONS[c]
+            directions.add(pole)
+            if low in ("before", "after"):
+                connective(low)  # "A before B" != "B before A"
             prev_lower = low
             continue
         prev_lower = low
         if low in lx.STOPWORDS or c in lx.STOPWORDS:
+            adjacent = None
             continue
         sequence.append(c)
         last_content = c
-        if role:
-            roles.append((c, role))
-            role = None
+        value(c)
         if c in lx.GAZETTEER or c in vocab_set or (c not in lx.SYNONYM_TARGETS and _looks_like_name(tok, i, raw_tokens)):
             entities.add(c)
+    order = tuple((group, frozenset(segments[k]), frozenset(segments[k + 1])) for k, group in enumerate(links))
     return Features(quoted, frozenset(numbers), frozenset(units), frozenset(dates), negated,
                     frozenset(directions), tuple(sorted(set(roles))), frozenset(entities), frozenset(sequence),
-                    tuple(sequence))
+                    tuple(sequence), order)
 
 
 def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (),
@@ -199,6 +233,8 @@ def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (
         return "direction"
     if _roles_conflict(a.roles, b.roles):
         return "role"
+    if _order_conflict(a.order, b.order):
+        return "order"
     if a.entities != b.entities:
         return "entity"
     changed = a.content ^ b.content
@@ -264,6 +300,20 @@ def _roles_conflict(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ..
     fa = {w for w, r in a if r == "from"}
     fb = {w for w, r in b if r == "from"}
     return bool((ta & fb) or (tb & fa))
+
+
+def _order_conflict(a: tuple[tuple[str, frozenset[str], frozenset[str]], ...],
+                    b: tuple[tuple[str, frozenset[str], frozenset[str]], ...]) -> bool:
+    """The two ends of one connective swapped: a value before it in one query is after it in the other,
+    and one after it is before it ("from annual to monthly" / "from monthly to annual", "USD to EUR" /
+    "EUR to USD", "java vs python" / "python vs java", "A before B" / "B before A"). Read from the word
+    order around the connective, so it holds for values no list knows. Every "vs" counts as ordered: a
+    swapped comparison is a miss, never a serve."""
+    for group, left, right in a:
+        for other, left2, right2 in b:
+            if group == other and not left.isdisjoint(right2) and not right.isdisjoint(left2):
+                return True
+    return False
 
 
 def _implicit_source(roles: list[tuple[str, str]], word: str | None) -> None:

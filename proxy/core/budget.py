@@ -302,8 +302,12 @@ def effective_limits(profile: Profile, baggage: Mapping[str, str],
 
 def charge_for(kind: str, operation: str, *, prompt_tokens: int | None, max_output_tokens: int | None,
                default_max_output_tokens: int, cost_certain_usd: float, cost_reserve_usd: float,
-               query_key: str | None, cache_hit: bool) -> Charge:
-    """The charge of one call. A cache hit is only a call: not a step, retrieval or new query."""
+               query_key: str | None, cache_hit: bool, classified: bool = False) -> Charge:
+    """The charge of one call. A cache hit is only a call: not a step, retrieval or new query.
+
+    `classified`: the route's adapter read the call and named its operation, so `other` on a
+    retrieval or rerank route (collection info, an upsert) is only a call; unread calls on such a
+    route (`passthrough`) count as the route's kind."""
     if cache_hit:
         return Charge(calls=1, cache_hit=True)
     llm = operation in LLM_OPERATIONS or (kind == "llm" and operation not in ("embeddings", "other"))
@@ -313,8 +317,9 @@ def charge_for(kind: str, operation: str, *, prompt_tokens: int | None, max_outp
             else default_max_output_tokens
         return Charge(steps=1, context_tokens=prompt, prompt_tokens=prompt, completion_reserve=max(1, reserve),
                       cost_certain=round(cost_certain_usd * NANO), cost_reserve=round(cost_reserve_usd * NANO))
-    retrieval = operation == "retrieval" or (kind == "retrieval" and operation == "other")
-    rerank = operation == "rerank" or (kind == "rerank" and operation == "other")
+    unread = operation == "other" and not classified
+    retrieval = operation == "retrieval" or (kind == "retrieval" and unread)
+    rerank = operation == "rerank" or (kind == "rerank" and unread)
     return Charge(retrieval_calls=1 if retrieval else 0, rerank_calls=1 if rerank else 0,
                   cost_certain=round((cost_certain_usd + cost_reserve_usd) * NANO),
                   query_key=query_key if retrieval else None)

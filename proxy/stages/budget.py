@@ -135,7 +135,8 @@ class BudgetStage(Stage):
         return bm.charge_for(up.kind, call.operation, prompt_tokens=call.prompt_tokens,
                              max_output_tokens=call.max_output_tokens,
                              default_max_output_tokens=self.cfg.default_max_output_tokens * max(1, call.choices),
-                             cost_certain_usd=certain, cost_reserve_usd=reserve, query_key=key, cache_hit=cache_hit)
+                             cost_certain_usd=certain, cost_reserve_usd=reserve, query_key=key, cache_hit=cache_hit,
+                             classified=ex.route.adapter.reads_body)
 
     def _store_failed(self, ex: Exchange, exc: BaseException) -> None:
         """Open: the call goes on without a budget (the span and metrics say so). Closed: 503."""

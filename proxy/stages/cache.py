@@ -1,10 +1,13 @@
 """Cache stage: ACL-checked cached evidence for retrieval calls, exact caches for embeddings/rerank.
 
-First in the stage list. On a servable hit it *proposes* the cached answer (`ex.proposal`); the
-stages after it charge it (budget) or veto it, and the pipeline answers with it if it stands. On a
-miss, `on_end` files the evidence (status 200, body complete, chunks parsed) with ACLs and the
-source version. Cache trouble never fails a call: it is recorded and the call goes upstream. The
-store and the upstream client are the app's (made once in its lifespan).
+First in the stage list. An identity header sent twice is refused here (400, ambiguous). On a
+servable hit it *proposes* the cached answer (`ex.proposal`); the stages after it charge it (budget)
+or veto it, and the pipeline answers with it if it stands. A duplicate of a retrieval this process
+has in flight waits for it (bounded by the call's read timeout) and is proposed its answer. On a
+miss, the evidence is filed (status 200, body complete, chunks parsed) with ACLs, the fetcher's
+view and the source version: landed for waiters as soon as the answer is read whole, stored in
+`on_end`. Cache trouble never fails a call: it is recorded and the call goes upstream. The store
+and the upstream client are the app's (made once in its lifespan).
 """
 
 from __future__ import annotations
@@ -25,17 +28,21 @@ from ..cache import acl
 from ..cache.audit import Auditor, compare
 from ..cache.embedders import Embedder, make_embedder
 from ..cache.entry import Entry, EvidenceStore
-from ..cache.evidence import EvidenceCache, Filing, Lookup, Query
-from ..cache.partition import Partition, exact_key
+from ..cache.evidence import EvidenceCache, Filing, Lookup, Query, age_of
+from ..cache.partition import Partition, selector
 from ..cache.principal import Principal, PrincipalResolver
-from ..cache.versions import Versions
-from ..config import Settings, Timeouts, UpstreamConfig
+from ..cache.replies import metadata_words, trim_results
+from ..cache.versions import Probe, SourceState, Versions
+from ..config import ProbeConfig, Settings, Timeouts, UpstreamConfig
+from ..errors import BadRequest
 from ..request.exchange import CacheOutcome, Exchange, Reply, Stage
 from ..request.forward import upstream_headers
 from ..request.upstream import UpstreamClient
 
 CACHE_HEADER = b"x-ragtoll-cache"
 _SHORT = Timeouts(connect=1.0, read=5.0, write=5.0, pool=1.0)
+# request headers a version probe does not repeat: it has no body of the caller's, and reads plain bytes
+_NOT_PROBED = frozenset({b"content-length", b"content-type", b"accept-encoding"})
 
 
 @dataclass(slots=True)
@@ -58,15 +65,22 @@ class CacheStage(Stage):
         self._upstreams = {u.name: u for u in settings.upstreams}
         self.resolver = resolver
         self.store = store
+        self._identity_headers = resolver.identity_headers
+        # the upstreams that filter results by caller: their entries remember the fetcher's view
+        identity_reaches = settings.identity.mode in ("header", "jwt")
+        self._scoped = {u.name for u in settings.upstreams
+                        if (u.cache.filters_by_caller if u.cache.filters_by_caller is not None else identity_reaches)}
         if embedder is None:
             embedder = make_embedder(cfg.embedder, self._post_embeddings, cfg.embedder_model)
         authz = acl.ExternalAuthz(cfg.authz_url, self._post_url, cfg.authz_ttl_s, cfg.authz_timeout_s) \
             if cfg.authz_url else None
         self.auditor = Auditor(cfg.audit_fraction, cfg.similarity, cfg.audit_target, cfg.audit_step)
+        staleness = {u.name: u.cache.max_staleness_s for u in settings.upstreams if u.cache.max_staleness_s}
         self.cache = EvidenceCache(store, embedder=embedder, versions=Versions(store, cfg.sources),
                                    similarity=cfg.similarity, candidates=cfg.candidates, ttl_s=cfg.ttl_s,
                                    public=cfg.acl_public, authz=authz, auditor=self.auditor,
-                                   min_top_margin=cfg.min_top_margin)
+                                   min_top_margin=cfg.min_top_margin, max_staleness_s=cfg.max_staleness_s,
+                                   staleness=staleness)
         tp = tracer_provider or trace.get_tracer_provider()
         self._tracer = tp.get_tracer("ragtoll.proxy.cache")
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("ragtoll.proxy.cache")
@@ -79,11 +93,12 @@ class CacheStage(Stage):
 
     # --- admin ------------------------------------------------------------------------------------
 
-    async def set_source_version(self, name: str, version: str) -> None:
-        """`POST /admin/sources/{name}/version`: entries of older versions become unreachable."""
+    async def set_source_version(self, name: str, version: str) -> SourceState:
+        """`POST /admin/sources/{name}/version`: a new version makes older entries unreachable; the
+        current one again confirms it. Raises KeyError, ValueError, VersionSuperseded (an older one)."""
         if name not in self._upstreams:
             raise KeyError(name)
-        await self.cache.versions.set(name, version)
+        return await self.cache.versions.set(name, version)
 
     async def aclose(self) -> None:
         """Stop the audits still running (the store and the client are the app's to close)."""
@@ -93,7 +108,9 @@ class CacheStage(Stage):
     # --- phases -----------------------------------------------------------------------------------
 
     async def on_request(self, ex: Exchange) -> Reply | None:
-        if not self.cfg.enabled or ex.method != "POST" or ex.body is None:
+        if self._identity_headers:
+            _refuse_repeated(ex.raw_headers, self._identity_headers)
+        if ex.method != "POST" or ex.body is None:
             return None
         op = ex.call.operation
         if op not in ("retrieval", "embeddings", "rerank") or (op != "retrieval" and not self.cfg.exact_embeddings):
@@ -104,9 +121,10 @@ class CacheStage(Stage):
         if principal is None or ex.call.parse_error:
             self._bypass(ex, resolution.reason or "parse_error")
             return None
+        store = "no-store" not in control
         try:
             if op == "retrieval":
-                hit, pending = await self._lookup_retrieval(ex, principal, "no-cache" in control)
+                hit, pending = await self._lookup_retrieval(ex, principal, "no-cache" in control, store)
             else:
                 hit, pending = await self._lookup_exact(ex, principal, "no-cache" in control)
         except Exception as exc:  # noqa: BLE001 - a store or embedder failure is a miss, never an error
@@ -117,7 +135,7 @@ class CacheStage(Stage):
         if hit is not None:
             ex.proposal = hit.reply
             return None
-        if pending is not None and "no-store" not in control:
+        if pending is not None and store:
             ex.filing = pending
             self.pending_filings += 1
         return None
@@ -132,77 +150,144 @@ class CacheStage(Stage):
                 pending.parts.append(chunk)
         return None
 
+    async def on_response(self, ex: Exchange) -> None:
+        """The answer was read whole, before its head goes out: land it for the duplicates waiting."""
+        pending = ex.filing
+        lk = pending.lookup if pending is not None else None
+        if pending is None or lk is None or pending.too_big or ex.status != 200:
+            return
+        made = self._entry(ex, lk, b"".join(pending.parts))
+        if made is not None:
+            pending.entry, pending.version = made
+            if self.cache.known_current(lk, pending.version):
+                self.cache.land(lk, pending.entry)
+
     async def on_end(self, ex: Exchange) -> None:
         pending, ex.filing = ex.filing, None
         if pending is None:
             return
         try:
-            if pending.too_big or ex.status != 200 or ex.outcome != "ok" or not ex.complete:
+            # an answer read whole (its entry made) is the upstream's in full, whatever became of the
+            # client; a streamed one only when it reached its end
+            if pending.entry is None and (pending.too_big or ex.status != 200 or ex.outcome != "ok"
+                                          or not ex.complete):
                 return
             body = b"".join(pending.parts)
             if pending.key is not None:
                 entry = Entry("", None, (), (), body, owner=None, created=time.time())
                 await self.store.put(pending.key[0], pending.key[1], entry, None, self.cfg.ttl_s)
             elif pending.lookup is not None:
-                await self._file(ex, pending.lookup, body)
+                made = self._entry(ex, pending.lookup, body) if pending.entry is None else \
+                    (pending.entry, pending.version)
+                if made is not None:
+                    await self.cache.store_evidence(pending.lookup, version=made[1], entry=made[0])
         except Exception as exc:  # noqa: BLE001 - failing to cache never fails the call
             if ex.span is not None:
                 ex.span.record_exception(exc)
         finally:
+            if pending.lookup is not None:
+                self.cache.end(pending.lookup)
             self.pending_filings -= 1
 
     # --- retrieval --------------------------------------------------------------------------------
 
-    async def _lookup_retrieval(self, ex: Exchange, principal: Principal,
-                                no_cache: bool) -> tuple[CacheHit | None, Filing | None]:
+    async def _lookup_retrieval(self, ex: Exchange, principal: Principal, no_cache: bool,
+                                store: bool) -> tuple[CacheHit | None, Filing | None]:
         call = ex.call
-        if not isinstance(call.query, str) or not call.query.strip() or call.query_vector is not None:
+        text = call.query if isinstance(call.query, str) else ""
+        if not text.strip() and call.query_vector is None:
             self._bypass(ex, "no_query")
             return None, None
-        q = Query(ex.route.upstream.name, call.query, call.filters, call.top_k, principal)
+        up = ex.route.upstream
+        q = Query(up.name, text, call.filters, call.top_k, principal, selector(ex.target, call.selector),
+                  call.query_vector, up.name in self._scoped, self._prober(ex))
+        # a miss to be filed leads a flight: duplicates arriving meanwhile wait for it (on_end ends it)
+        lk = await self.cache.lookup(q, serve=not no_cache, lead=store)
         if no_cache:
-            part = await self.cache.partition(q)
-            from ..cache.partition import normalize_query
-
-            norm = normalize_query(q.text)
             self._bypass(ex, "no-cache")
-            return None, Filing(Lookup(q, part, norm, exact_key(norm)))
-        lk = await self.cache.lookup(q)
+            return None, Filing(lk)
+        waited = None
+        if lk.wait is not None:
+            t0 = time.perf_counter()
+            try:
+                landed = await asyncio.wait_for(asyncio.shield(lk.wait.landed), (ex.timeouts or up.timeouts).read)
+                await self.cache.admit(lk, landed)
+            except TimeoutError:
+                lk.reason = "inflight:timeout"
+            except BaseException:
+                self.cache.end(lk)
+                raise
+            waited = time.perf_counter() - t0
+            lk.seconds += waited
         self._annotate(ex, lk.tier, lk.similarity, lk.reason, lk.seconds, lk.partition)
+        self._describe(ex, lk, waited)
         if lk.entry is None:
             return None, Filing(lk)
-        reply = self._reply(ex.route.upstream, lk.entry, call.top_k, lk.tier or "exact")
+        reply = self._reply(up, lk.entry, call.top_k, lk.tier or "exact")
         hit = CacheHit(reply, lk.tier or "exact", lk.similarity or 1.0, lk.entry)
         if lk.tier == "semantic" and self.auditor.sample():
             self._spawn(self._audit(ex, lk, hit))
         return hit, None
 
-    async def _file(self, ex: Exchange, lk: Lookup, body: bytes) -> None:
+    def _entry(self, ex: Exchange, lk: Lookup, body: bytes) -> tuple[Entry, str | None] | None:
+        """The entry a miss's answer becomes, and the version it carried; None when it cannot be filed."""
         obs = ex.observation
         if obs.chunks is None or obs.parse_error:
-            return
+            return None
         ids = [c.id for c in obs.chunks]
         if not all(ids):
-            return
+            return None
         try:
             doc = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return
-        version = obs.source_version
-        if version is None and self.cfg.version_field and isinstance(doc, dict):
-            found = get_path(doc, self.cfg.version_field)
-            version = str(found) if isinstance(found, (str, int)) else None
+            return None
+        version = obs.source_version or _version(ex, self.cfg.version_field, doc)
         fields = ex.route.upstream.fields
         vocab = metadata_words(get_path(doc, fields.get("results", "results")),
                                {fields.get("text", "text"), fields.get("id", "id"), fields.get("score", "score")})
-        await self.cache.store_evidence(lk, chunk_ids=ids, acls=[c.acl for c in obs.chunks], body=body,
-                                        vocab=vocab, version=version, scores=[c.score for c in obs.chunks])
+        entry = self.cache.make_entry(lk, chunk_ids=ids, acls=[c.acl for c in obs.chunks], body=body, vocab=vocab,
+                                      version=version, scores=[c.score for c in obs.chunks])
+        return entry, version
 
     def _reply(self, upstream: UpstreamConfig, entry: Entry, top_k: int | None, tier: str) -> Reply:
         body = entry.body
         if top_k is not None and entry.top_k is not None and top_k < entry.top_k:
             body = trim_results(body, upstream.fields.get("results", "results"), top_k)
-        return Reply(200, body, [(CACHE_HEADER, f"hit; tier={tier}".encode())], entry.content_type.encode())
+        headers = [(CACHE_HEADER, f"hit; tier={tier}".encode()), (b"age", str(int(age_of(entry, time.time()))).encode())]
+        name = upstream.fields.get("version_header")
+        if name and entry.version:  # what the upstream said with this evidence, as it said it
+            headers.append((name.lower().encode(), entry.version.encode()))
+        return Reply(200, body, headers, entry.content_type.encode())
+
+    def _prober(self, ex: Exchange) -> Probe | None:
+        """The source's version probe, asked on this caller's behalf (its credentials, never its body)."""
+        probe = ex.route.upstream.cache.probe
+        if probe is None:
+            return None
+        upstream, raw = ex.route.upstream, ex.raw_headers
+
+        async def run() -> str | None:
+            headers = [(k, v) for k, v in upstream_headers(raw) if k.lower() not in _NOT_PROBED]
+            return await self._probe(upstream, probe, headers)
+
+        return run
+
+    async def _probe(self, upstream: UpstreamConfig, probe: ProbeConfig,
+                     headers: list[tuple[bytes, bytes]]) -> str | None:
+        body = probe.body.encode() if probe.body else b""
+        if body:
+            headers.append((b"content-type", b"application/json"))
+        t = probe.timeout_s
+        async with asyncio.timeout(t * 2):
+            status, raw, answer = await self._send(upstream, probe.method, probe.path, headers, body,
+                                                   Timeouts(connect=t, read=t, write=t, pool=t))
+        if status >= 400:
+            return None
+        if probe.field:
+            found = get_path(orjson.loads(raw), probe.field) if raw else None
+            return str(found) if isinstance(found, (str, int)) and not isinstance(found, bool) else None
+        name = probe.header or upstream.fields.get("version_header") or ""
+        return answer.get(name.lower()) or None
 
     # --- embeddings and rerank: exact, keyed by the request body and the caller ------------------
 
@@ -247,6 +332,19 @@ class CacheStage(Stage):
         if ex.span is not None:
             ex.span.set_attributes(attrs)
         ex.cache = CacheOutcome(result, tier, similarity)
+
+    def _describe(self, ex: Exchange, lk: Lookup, waited: float | None) -> None:
+        """Which rules decided a retrieval lookup: the version, and for a hit its view rule and freshness."""
+        if ex.span is None:
+            return
+        attrs: dict[str, Any] = {sc.CACHE_VERSION: lk.partition.version}
+        if lk.entry is not None:
+            attrs[sc.CACHE_VIEW] = lk.view or acl.view_rule(lk.entry.scope, lk.entry.owner)
+            attrs[sc.CACHE_FRESHNESS] = lk.freshness or ""
+            attrs[sc.CACHE_AGE_S] = round(age_of(lk.entry, time.time()), 3)
+        if waited is not None:
+            attrs[sc.CACHE_WAITED_MS] = round(waited * 1000, 3)
+        ex.span.set_attributes(attrs)
 
     def _bypass(self, ex: Exchange, reason: str) -> None:
         if ex.span is not None:
@@ -311,41 +409,23 @@ class CacheStage(Stage):
         return status, raw
 
 
-def trim_results(body: bytes, path: str, top_k: int) -> bytes:
-    """The cached body with its results list cut to `top_k` (unchanged when the shape is unexpected)."""
-    try:
-        doc = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body
-    if path in ("", ".") and isinstance(doc, list):
-        return orjson.dumps(doc[:top_k])
-    parent_path, _, leaf = path.rpartition(".")
-    parent = get_path(doc, parent_path) if parent_path else doc
-    if isinstance(parent, dict) and isinstance(parent.get(leaf), list):
-        parent[leaf] = parent[leaf][:top_k]
-        return orjson.dumps(doc)
-    return body
+def _refuse_repeated(raw: list[tuple[bytes, bytes]], names: frozenset[str]) -> None:
+    """An identity header sent twice is ambiguous (which one did the upstream read?): 400, never a union."""
+    seen: set[str] = set()
+    for k, _ in raw:
+        name = k.decode("latin-1").lower()
+        if name in names:
+            if name in seen:
+                raise BadRequest(f"identity header {name!r} was sent more than once; send it once",
+                                 code="ambiguous_identity")
+            seen.add(name)
 
 
-def metadata_words(results: Any, skip: set[str], limit: int = 200) -> list[str]:
-    """Short categorical metadata values of the results (plan types, regions, products): filter-like words."""
-    out: set[str] = set()
-
-    def walk(node: Any, depth: int) -> None:
-        if len(out) >= limit or depth > 4:
-            return
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if k not in skip:
-                    walk(v, depth + 1)
-        elif isinstance(node, list):
-            for v in node[:50]:
-                walk(v, depth + 1)
-        elif isinstance(node, str) and 0 < len(node) <= 32 and len(node.split()) <= 2:
-            out.update(w.casefold() for w in node.replace("_", " ").split())
-
-    if isinstance(results, list):
-        for r in results:
-            walk(r, 0)
-    return sorted(out)
-
+def _version(ex: Exchange, field: str | None, doc: Any) -> str | None:
+    """The source version a response carried: the adapter's (header or field), else `cache.version_field`."""
+    if ex.observation.source_version:
+        return ex.observation.source_version
+    if not field:
+        return None
+    found = get_path(doc, field) if isinstance(doc, dict) else None
+    return str(found) if isinstance(found, (str, int)) and not isinstance(found, bool) else None

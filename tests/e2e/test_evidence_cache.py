@@ -91,12 +91,13 @@ def retriever() -> Iterator[tuple[str, Retriever]]:
 @pytest.fixture
 def cache_proxy(retriever: tuple[str, Retriever], telemetry: Any) -> Any:
     @contextlib.contextmanager
-    def make(**overrides: Any) -> Iterator[str]:
+    def make(docs_cache: dict[str, Any] | None = None, **overrides: Any) -> Iterator[str]:
         url = retriever[0]
         raw: dict[str, Any] = {
             "upstreams": [
                 {"name": "docs", "kind": "retrieval", "api": "json", "url": url, "prefix": "/docs",
-                 "fields": {"acl": "metadata.groups", "version_header": "x-index-version"}},
+                 "fields": {"acl": "metadata.groups", "version_header": "x-index-version"},
+                 "cache": docs_cache or {}},
                 {"name": "emb", "kind": "embeddings", "api": "openai", "url": url, "prefix": "/emb"},
             ],
             "identity": {"mode": "jwt", "jwt": {"audience": "ragtoll"}},
@@ -171,7 +172,7 @@ def test_two_principals_with_different_groups(cache_proxy: Any, retriever: Any, 
     assert "x-ragtoll-cache" not in bob.headers and alice.headers["x-ragtoll-cache"] == "hit; tier=exact"
     assert app.calls == 2
     reasons = [a.get(sc.CACHE_REASON) for a in cache_attrs(telemetry)]
-    assert reasons[1] == "acl:denied"
+    assert reasons[1] == "view:outside"  # bob's view (eng) is not inside alice's (finance)
 
 
 def test_bad_tokens_and_forged_headers_never_get_cached_evidence(cache_proxy: Any, retriever: Any,
@@ -216,7 +217,8 @@ def test_unknown_acl_is_private_to_the_fetcher(cache_proxy: Any, retriever: Any)
 
 def test_acl_change_reaches_the_cache_through_a_version_bump(cache_proxy: Any, retriever: Any) -> None:
     _, app = retriever
-    with cache_proxy() as base:
+    # this retriever answers every caller alike (it filters by no one): said so, its ACLs alone decide
+    with cache_proxy(docs_cache={"filters_by_caller": False}) as base:
         search(base, "annual refunds", ALICE, top_k=2)
         assert search(base, "annual refunds", ALICE, top_k=2).headers.get("x-ragtoll-cache")
         with app.lock:  # the source revokes finance's access and re-indexes

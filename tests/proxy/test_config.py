@@ -139,3 +139,18 @@ def test_limits_and_timeouts_must_be_finite_and_positive(tmp_path: Path, text: s
     with pytest.raises(ConfigError) as info:
         config.load({}, write(tmp_path, text))
     assert needle in str(info.value)
+
+
+def test_check_config_says_how_the_evidence_cache_treats_each_retrieval_route() -> None:
+    from ragtoll.proxy.cli import _cache_summary
+
+    docs = {"name": "docs", "kind": "retrieval", "api": "json", "url": "http://127.0.0.1:1",
+            "fields": {"version_header": "x-index-version"}}
+    header = config.parse({"identity": {"mode": "header"}, "upstreams": [
+        {**docs, "cache": {"max_staleness_s": 60, "probe": {"path": "/version"}}},
+        {**docs, "name": "kb", "cache": {"filters_by_caller": False}}]})
+    assert _cache_summary(header) == [
+        "evidence cache: identity header (trusted gateway; a groups-only header is a principal, a repeated one a 400)",
+        "  /docs: per caller view, served up to 60 s old without a confirmed version, probe GET /version",
+        "  /kb: shared by ACL, served up to 300 s old without a confirmed version, no probe"]
+    assert _cache_summary(config.parse({"upstreams": [docs], "cache": {"enabled": False}})) == []

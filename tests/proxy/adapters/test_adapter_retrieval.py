@@ -105,7 +105,9 @@ def test_langserve_invoke() -> None:
     ad = adapter("langserve", "retrieval")
     dict_input = parse(ad, "/retriever/invoke", {"input": {"question": "q?", "k": 3}})
     assert dict_input.query == "q?" and dict_input.filters == {"k": 3}
-    assert parse(ad, "/retriever/stream", {"input": "x"}).operation == "other"
+    streamed = parse(ad, "/retriever/stream", {"input": "x"})  # a search it does not read: counted, never cached
+    assert streamed.operation == "retrieval" and streamed.query is None
+    assert parse(ad, "/retriever/input_schema", b"", method="GET").operation == "other"
 
 
 @pytest.mark.parametrize("api", ["json", "qdrant", "chroma", "elasticsearch", "langserve"])
@@ -150,3 +152,72 @@ def test_config_rejects_unknown_field_keys() -> None:
     with pytest.raises(ConfigError, match=r"upstreams\[0\]\.fields\.qurey"):
         config.parse({"upstreams": [up]})
     config.parse({"upstreams": [{**up, "fields": {"query": "q", "acl": "meta.groups"}}]})
+
+
+# --- what selects the evidence besides query, filters and top_k (Call.selector) ----------------------
+
+def test_unknown_body_fields_select_the_evidence_and_key_order_does_not() -> None:
+    ad = adapter("json", "retrieval")
+    base = parse(ad, "/search", {"query": "q", "top_k": 3, "filter": {"a": 1}})
+    assert base.selector is None  # nothing but what the adapter reads
+    ns = parse(ad, "/search", {"query": "q", "top_k": 3, "namespace": "other"})
+    assert ns.selector is not None and ns.selector != parse(ad, "/search", {"query": "q", "namespace": "b"}).selector
+    reordered = parse(ad, "/search", {"namespace": "other", "top_k": 5, "query": "Q"})
+    assert reordered.selector == ns.selector  # top_k and case are not part of it; key order neither
+    assert parse(ad, "/search", {"query": "q", "namespace": "other", "n": 1.0}).selector == \
+        parse(ad, "/search", {"query": "q", "namespace": "other", "n": 1}).selector
+
+
+def test_json_irrelevant_fields_are_left_out_of_the_selector() -> None:
+    ad = adapter("json", "retrieval", {"query": "params.q", "irrelevant": "request_id, params.debug"})
+    plain = parse(ad, "/search", {"params": {"q": "x"}})
+    assert plain.query == "x" and plain.selector is None
+    assert parse(ad, "/search", {"params": {"q": "x", "debug": True}, "request_id": "r-1"}).selector is None
+    assert parse(ad, "/search", {"params": {"q": "x", "lang": "de"}}).selector is not None
+
+
+def test_presets_name_what_they_understand() -> None:
+    qd = adapter("qdrant", "retrieval")
+    path = "/collections/docs/points/search"
+    assert parse(qd, path, {"vector": [0.1, 0.2], "limit": 3, "filter": {"must": []}}).selector is None
+    named = parse(qd, path, {"vector": {"name": "image", "vector": [0.1, 0.2]}, "limit": 3})
+    assert named.query_vector == [0.1, 0.2] and named.selector is not None  # the named vector selects
+    assert parse(qd, path, {"vector": [0.1, 0.2], "limit": 3, "score_threshold": 0.5}).selector is not None
+    doc = parse(qd, "/collections/docs/points/query", {"query": {"text": "hi", "model": "bm25"}})
+    assert doc.query == "hi" and doc.selector is not None  # the model selects
+    es = adapter("elasticsearch", "retrieval")
+    q = {"query": {"match": {"text": "login failed"}}, "size": 3}
+    assert parse(es, "/i/_search", q).selector is None
+    assert parse(es, "/i/_search", {**q, "from": 10}).selector is not None
+    ch = adapter("chroma", "retrieval")
+    cq = {"query_texts": ["x"], "n_results": 2}
+    assert parse(ch, "/api/v1/collections/c/query", cq).selector is None
+    assert parse(ch, "/api/v1/collections/c/query", {**cq, "include": ["documents"]}).selector is not None
+    ls = adapter("langserve", "retrieval")
+    assert parse(ls, "/r/invoke", {"input": {"question": "q", "k": 3}}).selector is None
+    assert parse(ls, "/r/invoke", {"input": "q", "config": {"tags": ["a"]}}).selector is not None
+
+
+@pytest.mark.parametrize(("api", "method", "path", "operation"), [
+    ("qdrant", "GET", "/", "other"),
+    ("qdrant", "GET", "/collections/docs", "other"),
+    ("qdrant", "PUT", "/collections/docs/points", "other"),
+    ("qdrant", "POST", "/collections/docs/points/scroll", "other"),
+    ("qdrant", "POST", "/collections/docs/points/count", "other"),
+    ("qdrant", "POST", "/collections/docs/points/search/batch", "retrieval"),
+    ("qdrant", "POST", "/collections/docs/points/recommend", "retrieval"),
+    ("qdrant", "POST", "/collections/docs/points/query/groups", "retrieval"),
+    ("elasticsearch", "POST", "/i/_msearch", "retrieval"),
+    ("elasticsearch", "POST", "/i/_count", "other"),
+    ("elasticsearch", "PUT", "/i/_doc/1", "other"),
+    ("chroma", "POST", "/api/v1/collections/c/add", "other"),
+    ("chroma", "POST", "/api/v1/collections/c/get", "other"),
+    ("langserve", "POST", "/r/batch", "retrieval"),
+    ("json", "PUT", "/points", "other"),
+    ("json", "DELETE", "/points/1", "other"),
+])
+def test_operations_on_a_retrieval_route(api: str, method: str, path: str, operation: str) -> None:
+    """Only searches are retrievals (budgeted as such, cached when read); the rest is `other`."""
+    call = parse(adapter(api, "retrieval"), path, {"points": [], "searches": []}, method=method)
+    assert call.operation == operation
+    assert call.query is None and call.query_vector is None  # never read: never cached

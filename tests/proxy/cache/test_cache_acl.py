@@ -1,9 +1,13 @@
-"""The ACL decision of every serve, including a property test over >100,000 principal/ACL/chunk combinations."""
+"""The ACL and view decision of every serve: property tests over >100,000 principal/ACL/chunk
+combinations, and over streams of calls against a simulated upstream that filters by caller, with
+tenants and partitions: nothing is served outside its scope, and nothing a live retrieval would
+have answered differently."""
 
 from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -26,10 +30,11 @@ acls = st.one_of(st.none(), st.lists(st.sampled_from(GROUPS + NAMES + ["nobody"]
 
 
 def visible(chunk_acl: tuple[str, ...] | None, who: Principal, fetcher: Principal) -> bool:
-    """The rule, restated independently: known ACLs admit public/subject/group; unknown ones only the fetcher."""
+    """The rule, restated independently: known ACLs admit public or a group (never the subject's
+    name); unknown ones only the fetcher."""
     if chunk_acl is None:
         return who.key == fetcher.key
-    return PUBLIC in chunk_acl or who.subject in chunk_acl or any(g in chunk_acl for g in who.groups)
+    return PUBLIC in chunk_acl or any(g in chunk_acl for g in who.groups)
 
 
 def test_no_chunk_is_ever_served_to_a_principal_outside_its_acl() -> None:
@@ -88,6 +93,121 @@ def test_the_cache_serves_exactly_what_the_acl_allows(chunk_acls: list[tuple[str
             assert found.hit == all(visible(a, who, fetcher) for a in chunk_acls)
 
     asyncio.run(run())
+
+
+def test_a_subject_named_like_a_group_is_not_in_it() -> None:
+    hr_named = Principal("hr", frozenset(), authenticated=True)
+    assert acl.decide([("hr",)], None, hr_named, PUBLIC) == "acl:denied"
+    assert acl.decide([("hr",)], None, Principal("x", frozenset({"hr"}), authenticated=True), PUBLIC) is None
+
+
+def test_a_broader_view_is_not_served_what_a_narrower_one_fetched() -> None:
+    public = Principal("p", frozenset({"public"}), authenticated=True)
+    public_hr = Principal("q", frozenset({"public", "hr"}), authenticated=True)
+    scope = acl.scope_of(public, True)
+    assert acl.decide([("public",)], None, public_hr, PUBLIC, scope) == "view:outside"
+    assert acl.decide([("public",)], None, public, PUBLIC, scope) is None
+    # the other way round: a narrower view inside the fetcher's is served what it may see
+    wide = acl.scope_of(public_hr, True)
+    assert acl.decide([("public",)], None, public, PUBLIC, wide) is None
+    assert acl.decide([("public",), ("hr",)], None, public, PUBLIC, wide) == "acl:denied"
+    assert acl.scope_of(public, False) is None  # an upstream that answers everyone alike: ACLs only
+    anonymous = Principal("anonymous:k1")  # told apart by its credential alone
+    assert acl.decide([("public",)], None, Principal("anonymous:k2"), PUBLIC, acl.scope_of(anonymous, True)) == \
+        "view:outside"
+
+
+# --- streams of calls against an upstream that filters by caller ---------------------------------------
+
+TENANTS = ["", "t1"]
+SELECTORS = ["/a/search\x00", "/b/search\x00", "/a/search?ns=x\x00", "/a/search\x00f00d"]
+VIEW_GROUPS = ["public", "hr", "eng", "sales", "hr-leads"]
+SUBJECTS = ["alice", "bob", "hr", "eng", "public"]  # subjects named like groups: never a group
+
+
+class Upstream:
+    """Per tenant and selector (path, query string, unknown body fields) its own chunks, each with a
+    true ACL; some responses leave the ACL out. `filters`: it returns only what the caller's groups
+    (or the public marker) admit; else everything, and the cache's ACL check decides."""
+
+    def __init__(self, rnd: random.Random, filters: bool) -> None:
+        self.filters = filters
+        self.chunks: dict[tuple[str, str], list[tuple[str, frozenset[str], bool]]] = {}
+        for tenant in TENANTS:
+            for sel in SELECTORS:
+                self.chunks[(tenant, sel)] = [
+                    (f"{tenant}{sel}#{i}", frozenset(rnd.sample(VIEW_GROUPS, rnd.randint(1, 2))), rnd.random() < 0.1)
+                    for i in range(12)]
+        self.score = {c[0]: {q: rnd.random() for q in QUERIES} for cs in self.chunks.values() for c in cs}
+
+    def search(self, who: Principal, query: str, sel: str, k: int) -> list[tuple[str, frozenset[str], bool]]:
+        pool = [c for c in self.chunks[(who.tenant, sel)]
+                if not self.filters or PUBLIC in c[1] or not who.groups.isdisjoint(c[1])]
+        return sorted(pool, key=lambda c: -self.score[c[0]][query])[:k]
+
+
+QUERIES = ["refund window", "sick leave"]
+
+
+def _p(subject: str, *groups: str, tenant: str = "", authenticated: bool = True) -> Principal:
+    return Principal(subject, frozenset(groups), tenant, authenticated)
+
+
+# views that are equal, inside, around, beside one another and in another tenant; subjects named
+# like groups; callers told apart only by a credential
+KNOWN = [_p("alice", "public"), _p("bob", "public"), _p("carol", "public", "hr"), _p("hr"), _p("dave", "eng"),
+         _p("erin", "public", "hr", tenant="t1"), _p("frank", "hr"), _p("gina", "public", "hr", "eng"),
+         _p("public"), _p("anonymous:k1", authenticated=False), _p("anonymous:k2", authenticated=False)]
+callers = st.one_of(st.sampled_from(KNOWN), st.builds(
+    Principal, subject=st.sampled_from(SUBJECTS), groups=st.frozensets(st.sampled_from(VIEW_GROUPS), max_size=3),
+    tenant=st.sampled_from(TENANTS), authenticated=st.just(True)))
+calls = st.tuples(callers, st.sampled_from(QUERIES), st.sampled_from(SELECTORS[:3]), st.integers(1, 5))
+
+
+def test_nothing_is_served_outside_its_scope_or_unlike_live_retrieval() -> None:
+    served = [0, 0]  # hits, chunk serves checked
+    rules: Counter[str] = Counter()  # every rule took part: misses by reason, hits by view rule
+
+    @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(stream=st.lists(calls, min_size=20, max_size=80), filters=st.booleans(), seed=st.integers(0, 2**32))
+    def prop(stream: list[tuple[Principal, str, str, int]], filters: bool, seed: int) -> None:
+        upstream = Upstream(random.Random(seed), filters)
+
+        async def run() -> None:
+            cache = EvidenceCache(MemoryEvidenceStore(), public=PUBLIC)
+            for who, query, sel, k in stream:
+                q = Query("docs", query, None, k, who, selector=sel, scoped=filters)
+                found = await cache.lookup(q)
+                live = upstream.search(who, query, sel, k)
+                if found.entry is None:
+                    rules[found.reason] += 1
+                    await cache.store_evidence(found, chunk_ids=[c[0] for c in live],
+                                               acls=[None if hidden else tuple(sorted(a)) for _, a, hidden in live],
+                                               body=b"{}")
+                    continue
+                got = list(found.entry.chunk_ids[:k])
+                inside = found.entry.scope is not None and who.view < set(found.entry.scope)
+                rules[f"hit:{found.view}{':narrower' if inside else ''}"] += 1
+                served[0] += 1
+                served[1] += len(got)
+                truth = {c[0]: c for cs in upstream.chunks.values() for c in cs}
+                # inside its scope: the asker's tenant and selector; chunks its groups admit, and those
+                # whose ACL the response left out only to the very principal that fetched them
+                assert all(c.startswith(f"{who.tenant}{sel}#") for c in got), (who, sel, got)
+                for c in got:
+                    _, groups, hidden = truth[c]
+                    assert (found.entry.owner == who.key) if hidden else \
+                        (PUBLIC in groups or not who.groups.isdisjoint(groups)), (who, c, truth[c])
+                # and exactly what live retrieval answers this principal
+                assert got == [c[0] for c in live], (who, query, sel, k, got, live)
+
+        asyncio.run(run())
+
+    prop()
+    assert served[0] >= 1_000 and served[1] >= 2_000
+    for rule in ("view:outside", "acl:denied", "top_k", "hit:shared", "hit:inside",
+                 "hit:inside:narrower", "hit:owner"):
+        assert rules[rule] > 0, rules
 
 
 class FakeClock:

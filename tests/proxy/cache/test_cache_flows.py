@@ -17,6 +17,14 @@ from ragtoll.proxy.errors import ConfigError
 ALICE = Principal("alice", frozenset({"staff"}))
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture(scope="module")
 def model() -> LocalModel:
     return LocalModel.shared()
@@ -123,14 +131,84 @@ async def test_new_version_makes_older_entries_unreachable() -> None:
     lk = await ask(cache, "q")
     assert not lk.hit and lk.partition.version == "v2+v1"
     # a response carrying a newer version files its evidence there and moves the route on
-    await cache.store_evidence(lk, chunk_ids=["b"], acls=[("staff",)], body=b"{}", version="v3")
+    assert await cache.store_evidence(lk, chunk_ids=["b"], acls=[("staff",)], body=b"{}", version="v3")
     assert await cache.versions.current("docs") == "v2+v3"
     found = await ask(cache, "q")
     assert found.hit and found.entry is not None and found.entry.chunk_ids == ("b",)
-    # a stale response header (v1 again) moves the route to a new partition, never back to v1's entries
-    await cache.store_evidence(found, chunk_ids=["c"], acls=[("staff",)], body=b"{}", version="v1")
-    assert await cache.versions.current("docs") == "v2+v1"
-    assert (await ask(cache, "q")).entry.chunk_ids == ("c",)  # type: ignore[union-attr]
+    assert found.entry.version == "v3"  # what a hit repeats in the version header
+    # a lagging replica's answer (v1 again) neither rolls the route back nor is filed
+    miss = await ask(cache, "q2")
+    assert await cache.store_evidence(miss, chunk_ids=["c"], acls=[("staff",)], body=b"{}", version="v1") is None
+    assert await cache.versions.current("docs") == "v2+v3"
+    assert not (await ask(cache, "q2")).hit
+    assert (await ask(cache, "q")).entry.chunk_ids == ("b",)  # type: ignore[union-attr]
+    # the admin API moves forward too: an older push is refused, the current one confirms
+    from ragtoll.proxy.cache.versions import VersionSuperseded
+
+    await cache.versions.set("docs", "v2b")
+    with pytest.raises(VersionSuperseded):
+        await cache.versions.set("docs", "v2")
+    assert (await cache.versions.state("docs")).pushed == "v2b"
+    assert (await cache.versions.set("docs", "v2b")).pushed == "v2b"  # the current one again: a confirmation
+
+
+async def test_an_entry_past_the_bound_needs_a_confirmed_version() -> None:
+    clock = Clock()
+    cache = EvidenceCache(MemoryEvidenceStore(), max_staleness_s=60, clock=clock)
+    await fill(cache, "q", ["a"], version="v1")
+    clock.now += 59
+    young = await ask(cache, "q")
+    assert young.hit and young.freshness == "young"
+    clock.now += 2  # 61 s old, and v1 was last confirmed when it was filed
+    old = await ask(cache, "q")
+    assert not old.hit and old.reason == "stale:unconfirmed"
+    await cache.versions.set("docs", "p1")  # a push confirms, but this one is a new version: unreachable
+    assert not (await ask(cache, "q")).hit
+    await fill(cache, "q", ["b"], version="v1")  # a response carrying v1: confirmed now
+    clock.now += 61
+    await cache.versions.set("docs", "p1")  # the same push again: a confirmation (a heartbeat)
+    confirmed = await ask(cache, "q")
+    assert confirmed.hit and confirmed.freshness == "confirmed"
+
+
+async def test_a_probe_confirms_at_most_once_per_bound() -> None:
+    clock = Clock()
+    cache = EvidenceCache(MemoryEvidenceStore(), max_staleness_s=60, clock=clock)
+    await fill(cache, "q", ["a"], version="v1")
+    answers = ["v1", "v1", "v2"]
+    asked: list[float] = []
+
+    async def probe() -> str | None:
+        asked.append(clock.now)
+        return answers.pop(0)
+
+    def q() -> Query:
+        return Query("docs", "q", None, 5, ALICE, probe=probe)
+
+    clock.now += 61
+    probed = await cache.lookup(q())
+    assert probed.hit and probed.freshness == "probed" and len(asked) == 1
+    clock.now += 30
+    assert (await cache.lookup(q())).freshness == "confirmed" and len(asked) == 1  # within the bound: no probe
+    clock.now += 31
+    assert (await cache.lookup(q())).hit and len(asked) == 2
+    clock.now += 61
+    moved = await cache.lookup(q())  # the source is at v2 now: the v1 entry is never served again
+    assert not moved.hit and moved.reason == "stale:version" and moved.partition.version == "0+v2"
+    assert len(asked) == 3
+
+
+async def test_a_failed_probe_confirms_nothing() -> None:
+    clock = Clock()
+    cache = EvidenceCache(MemoryEvidenceStore(), max_staleness_s=10, clock=clock)
+    await fill(cache, "q", ["a"], version="v1")
+
+    async def down() -> str | None:
+        raise OSError("connection refused")
+
+    clock.now += 11
+    lk = await cache.lookup(Query("docs", "q", None, 5, ALICE, probe=down))
+    assert not lk.hit and lk.reason == "stale:unconfirmed"
 
 
 async def test_static_source_version_from_config() -> None:
@@ -141,6 +219,8 @@ async def test_static_source_version_from_config() -> None:
     assert await versions.current("docs") == "2026-11" and await versions.current("kb") == "0"
     with pytest.raises(ValueError):
         await versions.set("docs", "has space")
+    state = await versions.state("docs")
+    assert state.confirmed == float("-inf")  # a static version is never a confirmation
 
 
 async def test_audit_compare_and_threshold_raise() -> None:
@@ -156,14 +236,6 @@ async def test_audit_compare_and_threshold_raise() -> None:
     assert await auditor.record("s", compare(["a"], ["b"], 1)) == pytest.approx(0.87)
     assert auditor.threshold("s") == pytest.approx(0.87) and auditor.threshold("other") == 0.85
     assert await store.get_threshold("s") == pytest.approx(0.87) and await store.get_threshold("other") is None
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 async def test_raised_threshold_applies_to_the_partition_after_a_refresh(model: LocalModel) -> None:
@@ -233,3 +305,30 @@ async def test_two_replicas_on_one_redis_share_semantic_hits(model: LocalModel, 
     finally:
         for s in stores:
             await s.aclose()
+
+
+async def test_a_semantic_duplicate_waits_for_the_older_flight_never_in_a_cycle(model: LocalModel) -> None:
+    import asyncio
+
+    cache = make(model, similarity=0.85)
+    await fill(cache, "something else entirely", ["z"])  # the partition's vocabulary
+    annual = Query("docs", "refund window for annual pro plans", None, 5, ALICE)
+    yearly = Query("docs", "refund window for yearly pro plans", None, 5, ALICE)
+    first, second = await asyncio.gather(cache.lookup(annual, lead=True), cache.lookup(yearly, lead=True))
+    assert first.flight is not None and second.flight is not None
+    assert not (first.wait is second.flight and second.wait is first.flight)  # no cycle
+    assert second.wait is first.flight and second.wait_tier == "semantic"  # the younger waits for the older
+    await cache.store_evidence(first, chunk_ids=["a"], acls=[("staff",)], body=b"{}")
+    landed = await asyncio.wait_for(second.wait.landed, 1)
+    assert await cache.admit(second, landed) and second.tier == "semantic"
+    cache.end(first)
+    cache.end(second)
+    assert len(cache.flights) == 0
+
+
+async def test_entries_filed_as_shared_are_not_served_once_the_upstream_filters_by_caller() -> None:
+    cache = make(None)
+    lk = await cache.lookup(Query("docs", "q", None, 5, ALICE))
+    await cache.store_evidence(lk, chunk_ids=["a"], acls=[("staff",)], body=b"{}")
+    scoped = await cache.lookup(Query("docs", "q", None, 5, ALICE, scoped=True))
+    assert not scoped.hit and scoped.reason == "view:unknown"

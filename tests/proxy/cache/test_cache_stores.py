@@ -78,11 +78,36 @@ async def test_nearest_stays_inside_the_partition_and_orders_by_similarity(store
     assert await store.nearest(p, unit(1, 0.1, 0), 0.0, 3, keys=[]) == []
 
 
-async def test_versions(store: MemoryEvidenceStore) -> None:
+async def test_source_versions_only_move_forward(store: MemoryEvidenceStore) -> None:
     name = f"docs-{uuid.uuid4().hex[:6]}"
-    assert await store.get_version(name) is None
-    await store.set_version(name, "v2")
-    assert await store.get_version(name) == "v2"
+    assert await store.get_source(name) is None
+    fields, current = await store.advance_source(name, "observed", "v1", 10.0)
+    assert current and fields["observed"] == "v1" and float(fields["observed_at"]) == 10.0
+    fields, current = await store.advance_source(name, "observed", "v2", 20.0)  # never seen: the new current one
+    assert current and fields["observed"] == "v2"
+    fields, current = await store.advance_source(name, "observed", "v1", 30.0)  # a lagging replica: no rollback
+    assert not current and fields["observed"] == "v2" and float(fields["observed_at"]) == 20.0
+    fields, current = await store.advance_source(name, "observed", "v2", 40.0)  # the current one: confirmed
+    assert current and float(fields["observed_at"]) == 40.0
+    fields, current = await store.advance_source(name, "pushed", "v1", 50.0)  # each channel has its own order
+    assert current and fields["pushed"] == "v1" and fields["observed"] == "v2"
+    assert await store.get_source(name) == fields
+
+
+async def test_one_probe_claim_per_interval(store: MemoryEvidenceStore) -> None:
+    name = f"docs-{uuid.uuid4().hex[:6]}"
+    assert (await store.claim_probe(name, 100.0, 60.0))[0]
+    claimed, fields = await store.claim_probe(name, 130.0, 60.0)
+    assert not claimed and float(fields["probed_at"]) == 100.0
+    assert (await store.claim_probe(name, 160.0, 60.0))[0]
+
+
+async def test_aliases_are_filed_in_the_same_step(store: MemoryEvidenceStore) -> None:
+    p = pk()
+    e = entry("q")
+    await store.put(p, "q~view", e, unit(1, 0, 0), 60, ("q",))
+    assert await store.get_many(p, ["q~view", "q"]) == [e, e]
+    assert [x.query for _, x in await store.nearest(p, unit(1, 0, 0), 0.5, 5)] == ["q"]  # one vector
 
 
 async def test_raised_thresholds_only_go_up(store: MemoryEvidenceStore) -> None:
@@ -101,11 +126,15 @@ async def test_redis_keys_share_the_partition_hash_tag_and_all_expire(redis_url:
         p = pk()
         for i in range(5):
             await store.put(p, f"q{i}", entry(f"q{i}"), unit(1, i, 0), 120)
-        await store.set_version("docs-ttl", "v9")
+        await store.advance_source("docs-ttl", "observed", "v9", 1.0)
+        await store.advance_source("docs-ttl", "observed", "v10", 2.0)
+        await store.claim_probe("docs-ttl", 3.0, 60.0)
         await store.raise_threshold(p, 0.9)
         keys = [k.decode() async for k in client.scan_iter(match=f"ragtoll:{{c:{p}}}:*")]
         assert keys and all(k.startswith(f"ragtoll:{{c:{p}}}:") for k in keys)
-        for k in keys + ["ragtoll:{v:docs-ttl}:version", f"ragtoll:{{a:{p}}}:audit"]:
+        source = [k.decode() async for k in client.scan_iter(match="ragtoll:{v:docs-ttl}:*")]
+        assert sorted(source) == ["ragtoll:{v:docs-ttl}:seen:observed", "ragtoll:{v:docs-ttl}:state"]
+        for k in keys + source + [f"ragtoll:{{a:{p}}}:audit"]:
             assert 0 < await client.ttl(k) <= 30 * 24 * 3600
         # bounded: the two oldest were trimmed with their vectors
         assert await client.hlen(f"ragtoll:{{c:{p}}}:v") == 3
@@ -163,8 +192,10 @@ async def test_redis_cluster_partition_steps_are_single_slot() -> None:
             assert [e.query for _, e in found] == [f"{p}-2", f"{p}-1"]  # bounded to 2, oldest trimmed
             assert await store.get(p, "q0") is None
             assert [e and e.query for e in await store.get_many(p, ["q2", "q0", "q1"])] == [f"{p}-2", None, f"{p}-1"]
-        await store.set_version("docs", "v3")
-        assert await store.get_version("docs") == "v3"
+        for i, v in enumerate(("v3", "v4", "v3")):  # versions move forward on a Cluster too
+            await store.advance_source("docs", "observed", v, float(i))
+        assert (await store.get_source("docs") or {})["observed"] == "v4"
+        assert (await store.claim_probe("docs", 10.0, 60.0))[0]
         for p in parts:
             assert await store.raise_threshold(p, 0.91) == pytest.approx(0.91)
             assert await store.get_threshold(p) == pytest.approx(0.91)

@@ -14,6 +14,7 @@ from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy.cache.entry import Entry
 from ragtoll.proxy.cache.principal import PrincipalResolver
 from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
+from ragtoll.proxy.errors import BadRequest
 from ragtoll.proxy.request.exchange import CacheOutcome, Exchange
 from ragtoll.proxy.request.upstream import UpstreamClient
 from ragtoll.proxy.stages.cache import CACHE_HEADER, CacheStage
@@ -21,7 +22,7 @@ from support.exchanges import UNUSED, Exchanges, answer, results
 
 UPSTREAMS = [
     {"name": "docs", "kind": "retrieval", "api": "json", "url": UNUSED, "prefix": "/docs",
-     "fields": {"acl": "groups"}},
+     "fields": {"acl": "groups", "version_header": "x-index-version"}},
     {"name": "openai", "kind": "llm", "api": "openai", "url": UNUSED, "prefix": "/openai"},
 ]
 ALICE = {"x-auth-subject": "alice", "x-auth-groups": "staff"}
@@ -34,8 +35,8 @@ class Cache:
     """A cache stage over header identity (the gateway's x-auth-* headers) and a memory store. The
     upstream client is built on the unused address: nothing here audits or embeds upstream."""
 
-    def __init__(self, store: Any = None, **raw: Any) -> None:
-        self.xs = Exchanges(upstreams=UPSTREAMS, identity={"mode": "header"}, **raw)
+    def __init__(self, store: Any = None, upstreams: list[dict[str, Any]] = UPSTREAMS, **raw: Any) -> None:
+        self.xs = Exchanges(upstreams=upstreams, identity={"mode": "header"}, **raw)
         self.store = store if store is not None else MemoryEvidenceStore()
         self.client = UpstreamClient(self.xs.settings.upstreams)
         self.stage = CacheStage(self.xs.settings, store=self.store, client=self.client,
@@ -44,13 +45,14 @@ class Cache:
 
     async def call(self, who: dict[str, str], body: Any = QUERY, *, route: str = "docs", path: str | None = None,
                    headers: dict[str, str] | None = None, upstream: Any = None, status: int = 200,
-                   complete: bool = True) -> Exchange:
+                   complete: bool = True, version: str | None = None) -> Exchange:
         """One call through on_request; unless the stage proposed an answer, `upstream` answers it
-        (streamed through on_chunk); then on_end."""
+        (streamed through on_chunk, with `version` in the version header); then on_end."""
         ex = self.xs(route, body, path=path, headers={**who, **(headers or {})})
         assert await self.stage.on_request(ex) is None  # the cache never answers by itself: it proposes
         if ex.proposal is None and upstream is not None:
-            raw = answer(ex, upstream, status=status, complete=complete)
+            raw = answer(ex, upstream, status=status, complete=complete,
+                         headers={"x-index-version": version} if version else None)
             self.stage.on_chunk(ex, raw[: len(raw) // 2])
             self.stage.on_chunk(ex, raw[len(raw) // 2:])
         elif ex.proposal is not None:
@@ -130,12 +132,69 @@ async def test_a_hit_for_fewer_results_is_trimmed_to_top_k(cache: Cache) -> None
 # --- ACLs --------------------------------------------------------------------------------------------
 
 async def test_a_principal_outside_the_chunks_acl_gets_a_miss(cache: Cache) -> None:
-    await cache.call(ALICE, upstream=staff_results(["a", "b", "c"]))
-    denied = await cache.call(BOB)
+    wide = {"x-auth-subject": "wendy", "x-auth-groups": "staff,sales"}
+    await cache.call(wide, upstream=staff_results(["a", "b", "c"]))
+    denied = await cache.call(BOB)  # bob's view is inside wendy's, but the chunks are staff's
     assert denied.proposal is None and denied.cache == CacheOutcome("miss")
     assert cache.xs.finished(denied).attributes[sc.CACHE_REASON] == "acl:denied"
-    shared = await cache.call(CAROL)  # another member of the group is served
+    shared = await cache.call(ALICE)  # a member of the group, whose view is inside wendy's, is served
     assert shared.proposal is not None
+    assert cache.xs.finished(shared).attributes[sc.CACHE_VIEW] == "inside"
+
+
+async def test_a_broader_principal_is_never_served_a_narrower_ones_evidence(cache: Cache) -> None:
+    """Issue 22: `public` asked, then `public,hr` asked the same: the upstream filters by groups, so the
+    second's live results hold hr chunks the first never saw. It was an exact hit without them."""
+    public = {"x-auth-subject": "pat", "x-auth-groups": "public"}
+    public_hr = {"x-auth-subject": "hana", "x-auth-groups": "public,hr"}
+    await cache.call(public, upstream=results(["p1", "p2"], groups=["public"]))
+    broader = await cache.call(public_hr, upstream=results(["h1", "p1", "p2"], groups=["public", "hr"]))
+    assert broader.proposal is None
+    assert cache.xs.finished(broader).attributes[sc.CACHE_REASON] == "view:outside"
+    assert (await cache.call(public_hr)).proposal is not None  # its own view's entry, from now on
+    again = await cache.call(public)  # hr chunks in the newest entry: not public's to see, its own entry serves
+    assert again.proposal is not None and [r["id"] for r in orjson.loads(again.proposal.body)["results"]] == \
+        ["p1", "p2"]
+
+
+async def test_upstreams_that_answer_everyone_alike_share_by_acl_alone() -> None:
+    c = Cache(upstreams=[{**UPSTREAMS[0], "cache": {"filters_by_caller": False}}, UPSTREAMS[1]])
+    try:
+        await c.call(ALICE, upstream=staff_results(["a", "b", "c"]))
+        hit = await c.call(CAROL)  # a wider view: fine, the upstream does not look at who asks
+        assert hit.proposal is not None and c.xs.finished(hit).attributes[sc.CACHE_VIEW] == "shared"
+    finally:
+        await c.client.aclose()
+
+
+# --- identity --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("repeated", ["x-auth-groups", "x-auth-subject", "x-auth-tenant"])
+async def test_a_repeated_identity_header_is_refused_never_joined(cache: Cache, repeated: str) -> None:
+    """Issue 22: two x-auth-groups headers were joined into one principal (the upstream read the first)."""
+    ex = cache.xs("docs", QUERY, headers={**ALICE, "x-auth-tenant": "acme"})
+    ex.raw_headers.append((repeated.encode(), b"admins"))
+    with pytest.raises(BadRequest, match="more than once") as refused:
+        await cache.stage.on_request(ex)
+    assert refused.value.status == 400 and refused.value.code == "ambiguous_identity"
+    assert ex.proposal is None and ex.filing is None
+
+
+async def test_a_subject_named_like_a_group_sees_nothing_of_that_group(cache: Cache) -> None:
+    """Issue 22: a subject named `hr` with no groups was served hr-only chunks."""
+    await cache.call({"x-auth-subject": "hilda", "x-auth-groups": "hr"}, upstream=results(["h1"], groups=["hr"]))
+    named = await cache.call({"x-auth-subject": "hr", "x-auth-groups": ""}, upstream=results([], groups=[]))
+    assert named.proposal is None
+    assert cache.xs.finished(named).attributes[sc.CACHE_REASON] in ("acl:denied", "none")
+
+
+async def test_groups_only_identity_is_a_principal(cache: Cache) -> None:
+    """Header mode with only the groups header: a subject derived from the groups, not a silent bypass."""
+    staff = {"x-auth-groups": "staff"}
+    first = await cache.call(staff, upstream=staff_results(["a", "b", "c"]))
+    assert first.cache == CacheOutcome("miss")
+    assert (await cache.call({"x-auth-groups": "staff"})).proposal is not None
+    assert (await cache.call({"x-auth-groups": "sales"})).proposal is None
 
 
 async def test_chunks_without_an_acl_are_served_only_to_who_fetched_them(cache: Cache) -> None:
@@ -147,11 +206,10 @@ async def test_chunks_without_an_acl_are_served_only_to_who_fetched_them(cache: 
 # --- bypasses ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("who", "body", "reason"), [
-    ({"x-auth-groups": "staff"}, QUERY, "identity:missing"),
+    ({"x-auth-tenant": "acme"}, QUERY, "identity:missing"),
     (ALICE, b'{"query": "refund', "parse_error"),
     (ALICE, {"top_k": 3}, "no_query"),
     (ALICE, {"query": "   ", "top_k": 3}, "no_query"),
-    (ALICE, {"vector": [0.1, 0.2], "top_k": 3}, "no_query"),
 ])
 async def test_bypass_reasons(cache: Cache, who: dict[str, str], body: Any, reason: str) -> None:
     ex = await cache.call(who, body, upstream=staff_results(["a"]))
@@ -217,3 +275,114 @@ async def test_embeddings_are_cached_exactly_and_per_caller(cache: Cache) -> Non
     assert same.proposal is not None and orjson.loads(same.proposal.body) == VECTORS
     other = await cache.call(BOB, EMBED, route="openai", path=path)
     assert other.proposal is None and other.cache == CacheOutcome("miss")
+
+
+# --- what selects the evidence: the partition ---------------------------------------------------------
+
+@pytest.mark.parametrize(("first", "second"), [
+    (("/user-uploads/search", QUERY), ("/search", QUERY)),  # two paths after the prefix
+    (("/search?index=other", QUERY), ("/search", QUERY)),  # a query string
+    (("/search", {**QUERY, "namespace": "other"}), ("/search", QUERY)),  # a body field not understood
+    (("/search", {**QUERY, "namespace": "a"}), ("/search", {**QUERY, "namespace": "b"})),
+])
+async def test_where_the_query_went_partitions_the_evidence(cache: Cache, first: tuple[str, Any],
+                                                            second: tuple[str, Any]) -> None:
+    """Issue 22: one user planted evidence for another through a path, a query string or an unknown field."""
+    mallory = {"x-auth-subject": "mallory", "x-auth-groups": "staff"}
+    await cache.call(mallory, first[1], path=first[0], upstream=staff_results(["planted"]))
+    other = await cache.call(ALICE, second[1], path=second[0], upstream=staff_results(["real"]))
+    assert other.proposal is None and other.cache == CacheOutcome("miss")
+    same = await cache.call(ALICE, first[1], path=first[0])
+    assert same.proposal is not None  # and each is still its own: the same path and body hit
+
+
+async def test_irrelevant_fields_do_not_partition() -> None:
+    c = Cache(upstreams=[{**UPSTREAMS[0], "fields": {**UPSTREAMS[0]["fields"], "irrelevant": "request_id"}},
+                         UPSTREAMS[1]])
+    try:
+        await c.call(ALICE, {**QUERY, "request_id": "r1"}, upstream=staff_results(["a"]))
+        assert (await c.call(ALICE, {**QUERY, "request_id": "r2"})).proposal is not None
+    finally:
+        await c.client.aclose()
+
+
+async def test_a_query_by_vector_is_cached_exactly(cache: Cache) -> None:
+    vec = {"vector": [0.1, 0.2, 0.3], "top_k": 3}
+    miss = await cache.call(ALICE, vec, upstream=staff_results(["a", "b", "c"]))
+    assert miss.cache == CacheOutcome("miss")
+    hit = await cache.call(ALICE, {"vector": [0.1, 0.2, 0.3], "top_k": 2})
+    assert hit.proposal is not None and hit.cache == CacheOutcome("hit", "exact", 1.0)
+    assert (await cache.call(ALICE, {"vector": [0.1, 0.2, 0.30001], "top_k": 2})).proposal is None
+
+
+# --- versions -----------------------------------------------------------------------------------------
+
+async def test_hits_carry_the_version_their_evidence_came_with(cache: Cache) -> None:
+    await cache.call(ALICE, upstream=staff_results(["a", "b", "c"]), version="v1")
+    hit = await cache.call(ALICE)
+    assert hit.proposal is not None and (b"x-index-version", b"v1") in hit.proposal.headers
+    assert dict(hit.proposal.headers)[b"age"] == b"0"
+    attrs = cache.xs.finished(hit).attributes
+    assert attrs[sc.CACHE_VERSION] == "0+v1" and attrs[sc.CACHE_FRESHNESS] == "young"
+
+
+async def test_a_lagging_replica_never_rolls_the_version_back(cache: Cache) -> None:
+    """Issue 22: one response with the older version header made the old entries servable again."""
+    await cache.call(ALICE, upstream=results(["old"], groups=["staff"]), version="v1")
+    await cache.call(ALICE, {"query": "another question", "top_k": 3}, upstream=staff_results(["x"]), version="v2")
+    assert (await cache.call(ALICE)).proposal is None  # v2: v1's entries are unreachable
+    await cache.call(ALICE, {"query": "third question", "top_k": 3}, upstream=staff_results(["y"]), version="v1")
+    again = await cache.call(ALICE, upstream=staff_results(["new"]), version="v2")
+    assert again.proposal is None  # the lagging v1 answer moved nothing back
+    hit = await cache.call(ALICE)
+    assert hit.proposal is not None and orjson.loads(hit.proposal.body)["results"][0]["id"] == "new"
+    assert (b"x-index-version", b"v2") in hit.proposal.headers
+    assert (await cache.call(ALICE, {"query": "third question", "top_k": 3})).proposal is None  # v1's: not filed
+
+
+# --- single flight ---------------------------------------------------------------------------------------
+
+async def test_a_duplicate_waits_for_the_retrieval_in_flight(cache: Cache) -> None:
+    """Issue 22: a repeat right after a miss went upstream too, since the entry is filed after the response."""
+    import asyncio
+
+    first = cache.xs("docs", QUERY, headers=ALICE)
+    await cache.stage.on_request(first)
+    assert first.proposal is None and first.filing is not None
+    second = cache.xs("docs", QUERY, headers=CAROL | {"x-auth-groups": "staff"})
+    waiting = asyncio.get_running_loop().create_task(cache.stage.on_request(second))
+    await asyncio.sleep(0.01)
+    assert not waiting.done()  # it waits for the first, it does not go upstream
+    raw = answer(first, staff_results(["a", "b", "c"]))
+    cache.stage.on_chunk(first, raw)
+    await cache.stage.on_response(first)  # read whole, before the first's client has the body
+    await asyncio.wait_for(waiting, 1)
+    assert second.proposal is not None and orjson.loads(second.proposal.body) == staff_results(["a", "b", "c"])
+    attrs = cache.xs.finished(second).attributes
+    assert attrs[sc.CACHE_FRESHNESS] == "inflight" and attrs[sc.CACHE_WAITED_MS] > 0
+    await cache.stage.on_end(first)
+    assert (await cache.call(ALICE)).proposal is not None  # and it was filed
+
+
+async def test_a_duplicate_of_a_failed_retrieval_goes_upstream_itself(cache: Cache) -> None:
+    import asyncio
+
+    first = cache.xs("docs", QUERY, headers=ALICE)
+    await cache.stage.on_request(first)
+    second = cache.xs("docs", QUERY, headers=ALICE)
+    waiting = asyncio.get_running_loop().create_task(cache.stage.on_request(second))
+    await asyncio.sleep(0.01)
+    answer(first, {"error": "boom"}, status=500)
+    await cache.stage.on_end(first)
+    await asyncio.wait_for(waiting, 1)
+    assert second.proposal is None and cache.xs.finished(second).attributes[sc.CACHE_REASON] == "inflight:unfiled"
+
+
+async def test_an_answer_read_whole_is_filed_even_if_its_client_left(cache: Cache) -> None:
+    ex = cache.xs("docs", QUERY, headers=ALICE)
+    await cache.stage.on_request(ex)
+    cache.stage.on_chunk(ex, answer(ex, staff_results(["a", "b", "c"]), complete=False))
+    await cache.stage.on_response(ex)  # the upstream's answer, whole
+    ex.outcome = "client_disconnect"  # ...and then the client went away before reading it
+    await cache.stage.on_end(ex)
+    assert (await cache.call(ALICE)).proposal is not None

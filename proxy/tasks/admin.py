@@ -197,7 +197,7 @@ _TASK_ID = {"name": "task_id", "in": "path", "required": True, "schema": {"type"
 OPENAPI: dict[str, Any] = {
     "openapi": "3.1.0",
     "info": {"title": "ragtoll admin API", "version": "1",
-             "description": "Read and end per-task budgets. Bearer token from admin.token_env / admin.token_file."},
+             "description": "Read and end per-task budgets, announce source versions. Bearer token from admin.token_env / admin.token_file."},
     "components": {
         "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         "schemas": {
@@ -231,7 +231,7 @@ OPENAPI: dict[str, Any] = {
                 "rejections": {"type": "object", "additionalProperties": {"type": "integer"}},
                 "exhausted": {"type": ["string", "null"]},
                 "outcome": {"type": ["object", "null"], "properties": {"correct": {"type": "boolean"}}},
-                "end_reason": {"enum": ["explicit", "idle"]}}},
+                "end_reason": {"enum": ["explicit", "idle", "shutdown"]}}},
         },
     },
     "security": [{"bearer": []}],
@@ -264,6 +264,21 @@ OPENAPI: dict[str, Any] = {
                         "content": {"application/json": {"schema": _ERROR}}},
                 "413": {"description": "body too large", "content": {"application/json": {"schema": _ERROR}}},
                 "503": {"description": "the store or the sink failed", "content": {"application/json": {"schema": _ERROR}}}}}},
+        "/admin/sources/{name}/version": {"post": {
+            "summary": "A source's new version (the ingestion pipeline's push): older evidence cache entries "
+                       "become unreachable; pushing the current version again confirms it (a heartbeat)",
+            "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
+            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["version"], "properties": {
+                    "version": {"type": ["string", "integer"], "description": "1-128 printable ASCII"}}}}}},
+            "responses": {"200": {"description": "the version now in force", "content": {"application/json": {
+                "schema": {"type": "object", "properties": {"source": {"type": "string"},
+                                                            "version": {"type": "string"}}}}}},
+                "400": {"description": "invalid version or body", "content": {"application/json": {"schema": _ERROR}}},
+                "401": {"description": "missing or wrong token", "content": {"application/json": {"schema": _ERROR}}},
+                "404": {"description": "no evidence cache is configured", "content": {"application/json": {"schema": _ERROR}}},
+                "409": {"description": "the source has moved past this version",
+                        "content": {"application/json": {"schema": _ERROR}}}}}},
         "/admin/openapi.json": {"get": {"summary": "This description", "security": [],
                                         "responses": {"200": {"description": "OpenAPI 3.1"}}}},
     },

@@ -191,7 +191,7 @@ def _plot_unavailable(command: str, path: str) -> bool:
     except ImportError as exc:
         if (exc.name or "").split(".")[0] != "matplotlib":
             raise
-        print(f"ragtoll {command}: --plot needs matplotlib, from the plot extra: pip install 'ragtoll[plot]'",
+        print(f"ragtoll {command}: --plot needs matplotlib, from the plot extra (from a checkout: pip install -e '.[plot]')",
               file=sys.stderr)
         return True
     try:

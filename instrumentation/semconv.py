@@ -56,6 +56,7 @@ BUDGET_EXCEEDED = "ragtoll.budget.exceeded"
 BUDGET_EXCEEDED_DIMENSION = "ragtoll.budget.exceeded.dimension"
 BUDGET_WOULD_REJECT = "ragtoll.budget.would_reject"
 BUDGET_STREAM_CUT = "ragtoll.budget.stream_cut"
+BUDGET_FINISHED = "ragtoll.budget.finished"  # on_exhausted: finish: the limit the call went past, tools disabled
 BUDGET_NOTES = "ragtoll.budget.notes"  # why budget baggage or a profile request was ignored
 
 

@@ -335,6 +335,10 @@ class Profile:
     max_stalled_retrievals: int | None = None
     mode: Literal["enforce", "shadow"] | None = None
     allow_selection: bool = True
+    # what the task's first refused LLM call gets: `reject` (the budget's 429/402), or `finish`:
+    # it is forwarded once with tools disabled, so the model answers from what it already has
+    on_exhausted: Literal["reject", "finish"] = "reject"
+    finish_note: str | None = None  # added as a last user message to a finish (None: nothing added)
 
     def limits(self) -> dict[str, float]:
         return {d: v for d in DIMENSIONS if (v := getattr(self, d)) is not None}

@@ -58,6 +58,11 @@ class Adapter(Protocol):
         limit (a budget cut mid-stream); b"" for an API whose streams ragtoll does not read."""
         ...
 
+    def finish(self, path: str, body: bytes, note: str | None) -> bytes | None:
+        """This request rewritten to answer now, tools disabled (a budget's graceful finish,
+        `on_exhausted: finish`); None where the API cannot be asked that (not an LLM call)."""
+        ...
+
 
 class AdapterFactory(Protocol):
     def __call__(self, upstream: UpstreamInfo) -> Adapter: ...
@@ -66,6 +71,11 @@ class AdapterFactory(Protocol):
 def no_stream_end(call: Call, observation: Observation, path: str, now_s: int) -> bytes:
     """`stream_end` of adapters whose streams ragtoll does not read (nothing is ever cut there)."""
     return b""
+
+
+def no_finish(path: str, body: bytes, note: str | None) -> bytes | None:
+    """`finish` of adapters that do not generate answers (retrieval, rerank, passthrough)."""
+    return None
 
 
 class NullObserver:

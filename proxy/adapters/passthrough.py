@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..model import Call
-from .base import NullObserver, UpstreamInfo, no_stream_end
+from .base import NullObserver, UpstreamInfo, no_finish, no_stream_end
 
 _OPERATION = {"llm": "chat", "embeddings": "embeddings", "retrieval": "retrieval", "rerank": "rerank"}
 
@@ -15,6 +15,7 @@ class PassthroughAdapter:
     error_style = "plain"
     reads_body = False
     stream_end = staticmethod(no_stream_end)
+    finish = staticmethod(no_finish)
 
     def __init__(self, upstream: UpstreamInfo) -> None:
         self._operation = _OPERATION.get(upstream.kind, "other")

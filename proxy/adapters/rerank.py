@@ -18,6 +18,7 @@ from .base import (
     Observer,
     UpstreamInfo,
     json_body,
+    no_finish,
     no_stream_end,
     safe_parse,
 )
@@ -37,6 +38,7 @@ class _RerankAdapter:
     error_style = "plain"
     reads_body = True
     stream_end = staticmethod(no_stream_end)
+    finish = staticmethod(no_finish)
     texts_key = "documents"  # request: the candidate list
     results_key = "results"  # response: the ranked list ("" = the body itself)
     score_key = "relevance_score"

@@ -368,3 +368,4 @@ class Ticket:
     annotate: Callable[[], None] | None = None  # the reservation's span record, run before settle or at on_end
     seen_chunks: frozenset[str] | None = None  # retrievals: the task's chunk ids when the call was admitted
     new_chunks: int | None = None  # retrievals read whole: chunks of the answer new to the task
+    finished: str | None = None  # on_exhausted: finish: the limit this call was forwarded past, tools disabled

@@ -33,6 +33,7 @@ from ..stores.breaker import Breaker
 REMAINING_HEADER = b"x-ragtoll-budget-remaining"
 WARNING_HEADER = b"x-ragtoll-budget-warning"
 WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
+FINISHED_HEADER = b"x-ragtoll-budget-finished"  # this call went past that limit once, tools disabled
 
 
 class BudgetStage(Stage):
@@ -78,9 +79,20 @@ class BudgetStage(Stage):
         if decision.profile_conflict:
             self._store_failed(ex, RuntimeError("profile conflict did not resolve"))
             return None
+        finished = None
+        if not decision.admitted and self._may_finish(ex, sel, decision):
+            try:
+                forced = await self._finish(ex, sel, charge, now)
+            except Exception as exc:  # noqa: BLE001 - as any store failure
+                self._store_failed(ex, exc)
+                return None
+            if forced is not None:  # past the limit on purpose: no stream cut, no deadline clamp
+                finished, decision, limits = decision.dimension, forced, {}
+                ex.response_headers.append((FINISHED_HEADER, (finished or "").encode()))
         shadow = self._shadow(sel.profile)
         ticket = ex.ticket = Ticket(decision.admitted, charge, decision.reservation, limits, sel.profile, shadow,
-                                    dimension=decision.dimension, seen_chunks=decision.seen_chunks)
+                                    dimension=decision.dimension, seen_chunks=decision.seen_chunks,
+                                    finished=finished)
         left, warn = self._headers(ex, ticket, decision, charge, now)
         if not decision.admitted:
             self._annotate(ex, sel, notes, decision, charge, now, left, warn, time.time_ns())
@@ -94,6 +106,25 @@ class BudgetStage(Stage):
 
     def on_task_end(self, task_id: str) -> None:
         self.profiles.forget(task_id)
+
+    def _may_finish(self, ex: Exchange, sel: Selection, refusal: Decision) -> bool:
+        """`on_exhausted: finish` applies: an LLM call read whole, refused by a limit other than its
+        own prompt's size, and the task's first refusal (the store counted it: one finish per task,
+        across replicas)."""
+        return (self._profile(sel.profile).on_exhausted == "finish" and ex.body is not None
+                and ex.call.operation in bm.LLM_OPERATIONS and refusal.dimension != "max_prompt_tokens"
+                and sum(refusal.ledger.rejections.values()) == 1)
+
+    async def _finish(self, ex: Exchange, sel: Selection, charge: Charge, now: int) -> Decision | None:
+        """Rewrite the call to answer now (tools disabled) and charge it without limits; None when
+        this API cannot be asked that."""
+        assert ex.body is not None
+        body = ex.route.adapter.finish(ex.target.split("?", 1)[0], ex.body, self._profile(sel.profile).finish_note)
+        if body is None:
+            return None
+        forced = await self._reserve(ex, sel, {}, charge, now)
+        ex.body = body
+        return forced
 
     def _limits(self, profile: str, baggage: dict[str, str], task_id: str, now_ms: int) -> tuple[dict[str, int], list[str]]:
         """The call's limits in internal units (never mutated by callers) and notes on its baggage."""
@@ -197,6 +228,8 @@ class BudgetStage(Stage):
             attrs[sc.budget_remaining(dim)] = left[dim]
         if d.dimension:
             attrs[sc.BUDGET_EXCEEDED_DIMENSION if not ticket.shadow else sc.BUDGET_WOULD_REJECT] = d.dimension
+        if ticket.finished:
+            attrs[sc.BUDGET_FINISHED] = ticket.finished
         span.set_attributes(attrs)
         if d.admitted:
             span.add_event(sc.EVENT_CHARGE, timestamp=at_ns, attributes={k: v for k, v in (

@@ -74,6 +74,7 @@ DIMENSIONS = (
     "max_cost_usd",
     "max_latency_ms",
     "max_stalled_retrievals",
+    "max_fruitless_retrievals",
 )
 
 
@@ -110,7 +111,9 @@ CACHE_AUDIT_SAME_TOP = "ragtoll.cache.audit.same_top"
 CACHE_AUDIT_OVERLAP = "ragtoll.cache.audit.overlap"
 CACHE_AUDIT_AGREES = "ragtoll.cache.audit.agrees"
 EVIDENCE_NEW_CHUNKS = "ragtoll.evidence.new_chunks"
-EVIDENCE_STALLED = "ragtoll.evidence.stalled_retrievals"  # consecutive retrievals with no new chunk
+EVIDENCE_STALLED = "ragtoll.evidence.stalled_retrievals"  # consecutive fruitless retrievals (progress verdicts)
+EVIDENCE_FRUITLESS = "ragtoll.evidence.fruitless_retrievals"  # fruitless retrievals in the task so far
+PROGRESS_PREFIX = "ragtoll.progress."  # the verdict on a retrieval: fruitful, reason, novelty, new_top, ...
 EVIDENCE_PROMPT_TOKENS = "ragtoll.evidence.prompt_tokens"  # prompt tokens that are retrieved evidence
 EVIDENCE_DUPLICATE_TOKENS = "ragtoll.evidence.duplicate_tokens"  # ... already sent in an earlier prompt
 QUERY_NEW = "ragtoll.query.new"

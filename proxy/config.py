@@ -333,6 +333,7 @@ class Profile:
     max_cost_usd: float | None = None
     max_latency_ms: int | None = None
     max_stalled_retrievals: int | None = None
+    max_fruitless_retrievals: int | None = None
     mode: Literal["enforce", "shadow"] | None = None
     allow_selection: bool = True
     # what the task's first refused LLM call gets: `reject` (the budget's 429/402), or `finish`:

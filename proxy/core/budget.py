@@ -13,8 +13,12 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..config import DIMENSIONS, BudgetsConfig, Profile
+
+if TYPE_CHECKING:
+    from .progress import Verdict
 
 NANO = 1_000_000_000  # cost is kept in nano-USD
 BAGGAGE_PROFILE = "ragtoll.budget.profile"
@@ -33,6 +37,7 @@ COUNTER = {
     "max_cost_usd": "cost_nusd",
     "max_latency_ms": None,
     "max_stalled_retrievals": "stalled",
+    "max_fruitless_retrievals": "fruitless",
 }
 LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "messages"})
 _NUMBER = re.compile(r"^[0-9]{1,15}(\.[0-9]{1,9})?$")
@@ -111,6 +116,8 @@ class Actual:
     completion_tokens: int = 0
     cost_nusd: int = 0
     chunk_ids: tuple[str, ...] | None = None
+    # the progress verdict on a retrieval (core/progress.py); None: judge by "any chunk new" instead
+    fruitful: bool | None = None
 
 
 def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, new_query: bool,
@@ -136,8 +143,8 @@ def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, ne
         elif dim == "max_cost_usd":
             used = ledger.used("cost_nusd")
             bad = charge.cost > 0 and (used + charge.cost_certain > limit or used >= limit)
-        elif dim == "max_stalled_retrievals":
-            bad = charge.retrieval_calls > 0 and ledger.used("stalled") >= limit
+        elif dim in ("max_stalled_retrievals", "max_fruitless_retrievals"):
+            bad = charge.retrieval_calls > 0 and ledger.used(COUNTER[dim]) >= limit  # type: ignore[arg-type]
         else:
             add = getattr(charge, COUNTER[dim])  # type: ignore[arg-type]
             bad = add > 0 and ledger.used(COUNTER[dim]) + add > limit  # type: ignore[arg-type]
@@ -368,4 +375,5 @@ class Ticket:
     annotate: Callable[[], None] | None = None  # the reservation's span record, run before settle or at on_end
     seen_chunks: frozenset[str] | None = None  # retrievals: the task's chunk ids when the call was admitted
     new_chunks: int | None = None  # retrievals read whole: chunks of the answer new to the task
+    verdict: Verdict | None = None  # retrievals: the progress verdict (core/progress.py), for the span
     finished: str | None = None  # on_exhausted: finish: the limit this call was forwarded past, tools disabled

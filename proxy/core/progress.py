@@ -23,6 +23,7 @@ Every verdict carries its reason and numbers, for spans and task records.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -118,13 +119,46 @@ def novelty(chunks: Sequence[Chunk], seen: AbstractSet[str], top_k: int) -> tupl
 
 def lexical_similarity(query: str, earlier: Iterable[str]) -> tuple[float, str | None]:
     """The highest share of content words (stemmed, Jaccard) `query` has with an earlier query."""
+    return _most_similar(query, ((q, features(q).content) for q in earlier))
+
+
+def _most_similar(query: str, earlier: Iterable[tuple[str, frozenset[str]]]) -> tuple[float, str | None]:
     mine = features(query).content
+    own = normalize(query)
     best, which = 0.0, None
-    for q in earlier:
-        s = 1.0 if normalize(q) == normalize(query) else content_overlap(mine, features(q).content) if mine else 0.0
+    for q, words in earlier:
+        s = 1.0 if normalize(q) == own else content_overlap(mine, words) if mine else 0.0
         if s > best:
             best, which = s, q
     return best, which
+
+
+class RecentQueries:
+    """Each task's last MAX_QUERIES retrieval queries with their content words, for the rewording
+    check; at most `max_tasks` tasks (least recently used dropped). Kept per process: on several
+    replicas a task's queries are judged against those its replica saw."""
+
+    def __init__(self, max_tasks: int = 10_000) -> None:
+        self._tasks: OrderedDict[str, deque[tuple[str, frozenset[str]]]] = OrderedDict()
+        self._max_tasks = max_tasks
+
+    def judge(self, task_id: str, chunks: Sequence[Chunk] | None, seen: AbstractSet[str], query: str | None,
+              rules: ProgressRules) -> Verdict:
+        """The verdict on a retrieval of `task_id`; remembers its query for the next ones."""
+        earlier = self._tasks.get(task_id)
+        sim = _most_similar(query, earlier) if query and earlier else (0.0, None)
+        verdict = judge_retrieval(chunks, seen, query, sim, rules.lexical_similarity, rules)
+        if query:
+            if earlier is None:
+                earlier = self._tasks[task_id] = deque(maxlen=MAX_QUERIES)
+                if len(self._tasks) > self._max_tasks:
+                    self._tasks.popitem(last=False)
+            self._tasks.move_to_end(task_id)
+            earlier.append((query, frozenset(features(query).content)))
+        return verdict
+
+    def forget(self, task_id: str) -> None:
+        self._tasks.pop(task_id, None)
 
 
 def cosine_similarity(vector: Sequence[float], earlier: Iterable[tuple[str, Sequence[float]]]) -> tuple[float, str | None]:

@@ -24,6 +24,7 @@ from ..core.budget import Actual, Charge, Ledger, Selection, Ticket
 from ..core.classifier import classify as _classify
 from ..core.pricing import Prices, Quote, allowed_output
 from ..core.profiles import Profiles
+from ..core.progress import ProgressRules, RecentQueries
 from ..core.signing import verify_budget_baggage
 from ..errors import BudgetExceeded, StoreUnavailable
 from ..request.exchange import Exchange, Reply, Stage
@@ -49,6 +50,8 @@ class BudgetStage(Stage):
         self.profiles = Profiles(self.cfg, classify or _classify)
         self.hmac_key = hmac_key
         self._units: dict[str, dict[str, int]] = {}  # profile -> its limits in internal units
+        self.progress_rules = ProgressRules()
+        self._queries = RecentQueries()
 
     # --- before forwarding ------------------------------------------------------------------------
 
@@ -106,6 +109,7 @@ class BudgetStage(Stage):
 
     def on_task_end(self, task_id: str) -> None:
         self.profiles.forget(task_id)
+        self._queries.forget(task_id)
 
     def _may_finish(self, ex: Exchange, sel: Selection, refusal: Decision) -> bool:
         """`on_exhausted: finish` applies: an LLM call read whole, refused by a limit other than its
@@ -373,13 +377,17 @@ class BudgetStage(Stage):
         if ledger is not None:
             now = self._wall_ms()
             left = bm.remaining(ticket.limits, ledger, None, now)
-            for dim in ("max_context_tokens", "max_completion_tokens", "max_cost_usd", "max_stalled_retrievals"):
+            for dim in ("max_context_tokens", "max_completion_tokens", "max_cost_usd", "max_stalled_retrievals",
+                        "max_fruitless_retrievals"):
                 if dim in ticket.limits:
                     span.set_attribute(sc.budget_used(dim), bm.used_value(dim, ledger, None, now))
                     span.set_attribute(sc.budget_remaining(dim), left[dim])
         if actual.chunk_ids is not None and ledger is not None:
             span.set_attribute(sc.EVIDENCE_STALLED, ledger.used("stalled"))
+            span.set_attribute(sc.EVIDENCE_FRUITLESS, ledger.used("fruitless"))
             span.set_attribute(sc.EVIDENCE_NEW_CHUNKS, ledger.used("last_new"))
+        if ticket.verdict is not None:
+            span.set_attributes({sc.PROGRESS_PREFIX + k: v for k, v in ticket.verdict.attributes().items()})
         return ledger
 
     def _actual(self, ex: Exchange, ticket: Ticket) -> Actual:
@@ -387,7 +395,7 @@ class BudgetStage(Stage):
         res, call, obs = ticket.reservation, ex.call, ex.observation
         if ticket.charge.cache_hit:  # charged as a call; its chunks are the task's evidence all the same
             chunks = tuple(ch.id for ch in obs.chunks) if call.operation == "retrieval" and obs.chunks else None
-            return Actual(chunk_ids=chunks)
+            return Actual(chunk_ids=chunks, fruitful=self._judge(ex, ticket) if chunks is not None else None)
         if ex.status is None or ex.status >= 400:  # no answer, or an error answer: nothing was produced
             return Actual()
         u = obs.usage
@@ -408,12 +416,22 @@ class BudgetStage(Stage):
                 cost = round(c.usd * bm.NANO)
         if unread:
             cost = max(cost, res.cost_nusd)
-        chunks = None
+        chunks = fruitful = None
         if call.operation == "retrieval" and obs.chunks is not None:
             chunks = tuple(ch.id for ch in obs.chunks)
+            fruitful = self._judge(ex, ticket)
         if ticket.charge.completion_reserve == 0:
             context, completion = 0, 0  # not an LLM call: its tokens are not the task's context
-        return Actual(context, completion, cost, chunks)
+        return Actual(context, completion, cost, chunks, fruitful)
+
+    def _judge(self, ex: Exchange, ticket: Ticket) -> bool | None:
+        """The progress verdict on a retrieval read whole (core/progress.py), kept on the ticket for
+        the span; None (judged by "any chunk new" in the store) for a task past SEEN_CHUNKS_CAP."""
+        if ticket.seen_chunks is None or ex.task is None:
+            return None
+        ticket.verdict = self._queries.judge(ex.task.id, ex.observation.chunks, ticket.seen_chunks, ex.call.query,
+                                             self.progress_rules)
+        return ticket.verdict.fruitful
 
 
 def _safe_store_name(url: str) -> str:

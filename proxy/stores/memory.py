@@ -86,7 +86,10 @@ class MemoryStore:
             before = len(task.chunks)
             task.chunks.update(actual.chunk_ids)
             c["last_new"] = len(task.chunks) - before  # this call's novelty, for x-ragtoll-evidence
-            c["stalled"] = 0 if len(task.chunks) > before else c.get("stalled", 0) + 1
+            fruitful = len(task.chunks) > before if actual.fruitful is None else actual.fruitful
+            c["stalled"] = 0 if fruitful else c.get("stalled", 0) + 1
+            if not fruitful:
+                c["fruitless"] = c.get("fruitless", 0) + 1
             task.ledger.chunks_seen = len(task.chunks)
         task.ledger.last_ms = max(task.ledger.last_ms, now_ms)
         return _copy(task.ledger)

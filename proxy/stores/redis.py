@@ -159,7 +159,7 @@ class RedisStore:
         args: list[Any] = [
             now_ms, self.ttl_s, actual.context_tokens - reservation.context_tokens,
             actual.completion_tokens - reservation.completion_tokens, actual.cost_nusd - reservation.cost_nusd,
-            0 if actual.chunk_ids is None else 1, *(actual.chunk_ids or ()),
+            _chunks_arg(actual), *(actual.chunk_ids or ()),
         ]
         out = await self._run(self._settle, (h, c, q), args)
         if not out:
@@ -268,3 +268,10 @@ def _ledger(task_id: str, flat: list[bytes]) -> Ledger:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _chunks_arg(actual: Actual) -> str:
+    """settle.lua's ARGV[6]: no chunks (0); chunks judged by novelty (1); by a verdict (f, x)."""
+    if actual.chunk_ids is None:
+        return "0"
+    return "1" if actual.fruitful is None else "f" if actual.fruitful else "x"

@@ -64,6 +64,7 @@ def task_record(ledger: Ledger, *, ended_ms: int, end_reason: str, outcome: Mapp
         "would_reject": dict(ledger.shadow_rejections),
         "chunks_seen": ledger.chunks_seen,
         "stalled_retrievals": c.get("stalled", 0),
+        "fruitless_retrievals": c.get("fruitless", 0),
     }
 
 

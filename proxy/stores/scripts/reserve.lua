@@ -4,8 +4,8 @@
 -- ARGV: 1 task_id 2 profile 3 class 4 route 5 now_ms 6 ttl_s 7 shadow(0|1) 8 query_key ('' = none)
 --       9 steps 10 calls 11 retrieval_calls 12 rerank_calls 13 context_tokens 14 prompt_tokens
 --       15 completion_reserve 16 cost_certain 17 cost_reserve 18 cache_hit(0|1)
---       19..29 limits in DIMENSIONS order (-1 = unlimited) 30 task source 31 trace id (hex)
---       32 seen cap: > 0 asks for the task's chunk ids when there are at most that many
+--       19..30 limits in DIMENSIONS order (-1 = unlimited) 31 task source 32 trace id (hex)
+--       33 seen cap: > 0 asks for the task's chunk ids when there are at most that many
 -- Returns {'conflict', stored_profile} | {'reject', dimension|'', 0, HGETALL...}
 --       | {'ok', dimension|'', new_query(0|1), n (-1: not returned), n chunk ids..., HGETALL...}
 local h, q, c = KEYS[1], KEYS[2], KEYS[3]
@@ -17,15 +17,15 @@ local qk = ARGV[8]
 local profile = redis.call('HGET', h, 'profile')
 if not profile then
   redis.call('HSET', h, 'task_id', ARGV[1], 'profile', ARGV[2], 'class', ARGV[3], 'route', ARGV[4],
-             'started_ms', now, 'source', ARGV[30], 'trace_id', ARGV[31])
+             'started_ms', now, 'source', ARGV[31], 'trace_id', ARGV[32])
 elseif profile ~= ARGV[2] then
   return {'conflict', profile}
 end
 redis.call('HSET', h, 'last_ms', now)
 
 local u = redis.call('HMGET', h, 'steps', 'calls', 'retrieval_calls', 'unique_queries', 'rerank_calls',
-                     'context_tokens', 'completion_tokens', 'cost_nusd', 'stalled', 'started_ms')
-for i = 1, 10 do u[i] = tonumber(u[i] or '0') end
+                     'context_tokens', 'completion_tokens', 'cost_nusd', 'stalled', 'started_ms', 'fruitless')
+for i = 1, 11 do u[i] = tonumber(u[i] or '0') end
 local steps, calls, retr, rer = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
 local ctx, prompt, comp = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 local cost_certain, cost_reserve = tonumber(ARGV[16]), tonumber(ARGV[17])
@@ -38,7 +38,7 @@ local function lim(i) local v = tonumber(ARGV[18 + i]); if v < 0 then return nil
 local function over(i, bad) return lim(i) ~= nil and bad(lim(i)) end
 local dims = {'max_steps', 'max_calls', 'max_retrieval_calls', 'max_unique_queries', 'max_rerank_calls',
               'max_context_tokens', 'max_prompt_tokens', 'max_completion_tokens', 'max_cost_usd',
-              'max_latency_ms', 'max_stalled_retrievals'}
+              'max_latency_ms', 'max_stalled_retrievals', 'max_fruitless_retrievals'}
 local checks = {
   function(l) return steps > 0 and u[1] + steps > l end,
   function(l) return calls > 0 and u[2] + calls > l end,
@@ -51,9 +51,10 @@ local checks = {
   function(l) return cost > 0 and (u[8] + cost_certain > l or u[8] >= l) end,
   function(l) return u[10] > 0 and now - u[10] >= l end,
   function(l) return retr > 0 and u[9] >= l end,
+  function(l) return retr > 0 and u[11] >= l end,
 }
 local dim = ''
-for i = 1, 11 do
+for i = 1, 12 do
   if over(i, checks[i]) then dim = dims[i]; break end
 end
 
@@ -85,7 +86,7 @@ if newq == 1 then
 end
 expire_all()
 local out = {'ok', dim, newq, -1}
-local cap = tonumber(ARGV[32] or '0')
+local cap = tonumber(ARGV[33] or '0')
 if cap > 0 then  -- a retrieval: the evidence the task had when admitted (x-ragtoll-evidence's `new`)
   local n = redis.call('SCARD', c)
   if n <= cap then

@@ -1,6 +1,8 @@
 -- ragtoll budget settle: replace a call's reservation with its actual use, track evidence novelty.
 -- KEYS: 1 task hash, 2 chunk set, 3 unique-query set (TTL only).
--- ARGV: 1 now_ms 2 ttl_s 3 d_context 4 d_completion 5 d_cost 6 has_chunks(0|1) 7.. chunk ids
+-- ARGV: 1 now_ms 2 ttl_s 3 d_context 4 d_completion 5 d_cost
+--       6 chunks: 0 none | 1 fruitful if any chunk is new | f fruitful | x fruitless (a progress verdict)
+--       7.. chunk ids
 -- Returns false when the task is gone (ended meanwhile), else HGETALL of the task hash.
 local h, c, q = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('EXISTS', h) == 0 then return false end
@@ -11,7 +13,7 @@ for _, d in ipairs(deltas) do
   if d[2] ~= 0 then redis.call('HINCRBY', h, d[1], d[2]) end
 end
 if tonumber(redis.call('HGET', h, 'inflight') or '0') < 0 then redis.call('HSET', h, 'inflight', 0) end
-if ARGV[6] == '1' then
+if ARGV[6] ~= '0' then
   local added = 0
   local n = #ARGV
   local i = 7
@@ -21,10 +23,12 @@ if ARGV[6] == '1' then
     i = j + 1
   end
   redis.call('HSET', h, 'last_new', added)  -- this call's novelty, for x-ragtoll-evidence
-  if added > 0 then
+  local fruitful = ARGV[6] == 'f' or (ARGV[6] == '1' and added > 0)
+  if fruitful then
     redis.call('HSET', h, 'stalled', 0)
   else
     redis.call('HINCRBY', h, 'stalled', 1)
+    redis.call('HINCRBY', h, 'fruitless', 1)
   end
   redis.call('HSET', h, 'chunks_seen', redis.call('SCARD', c))
 end

@@ -151,6 +151,25 @@ async def test_stalled_retrievals_count_consecutive_calls_without_new_chunks(sto
     assert ledger is not None and ledger.chunks_seen == 2
 
 
+async def test_a_progress_verdict_decides_the_stall_and_counts_fruitless_retrievals(store: Store) -> None:
+    """With a verdict (Actual.fruitful) new tail chunks no longer reset the stall: a reworded query
+    that brings back a different tail is fruitless; the total refuses at max_fruitless_retrievals."""
+    t = tid()
+    limits = {"max_stalled_retrievals": 5, "max_fruitless_retrievals": 3}
+    r = Charge(retrieval_calls=1)
+    steps = ((("a", "b"), True, 0, 0), (("a", "c"), False, 1, 1), (("a", "d"), False, 2, 2),
+             (("e", "a"), True, 0, 2), (("e", "f"), False, 1, 3))
+    for chunks, fruitful, stalled, fruitless in steps:
+        d = await store.reserve(t, META, limits, r, T0)
+        assert d.admitted
+        after = await store.settle(t, d.reservation, Actual(chunk_ids=chunks, fruitful=fruitful), T0)
+        assert after is not None
+        assert (after.used("stalled"), after.used("fruitless")) == (stalled, fruitless)
+    d = await store.reserve(t, META, limits, r, T0)
+    assert (d.admitted, d.dimension) == (False, "max_fruitless_retrievals")
+    assert (await store.reserve(t, META, limits, LLM, T0)).admitted  # the agent may still answer
+
+
 async def test_new_chunk_resets_the_stall(store: Store) -> None:
     t = tid()
     r = Charge(retrieval_calls=1)

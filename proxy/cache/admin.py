@@ -35,6 +35,8 @@ def version_endpoint(set_version: SetVersion,
             version = doc["version"] if isinstance(doc, dict) else None
         except (orjson.JSONDecodeError, KeyError):
             version = None
+        if isinstance(version, float) and version.is_integer():  # JSON Schema: 147.0 is an integer
+            version = int(version)
         if isinstance(version, int) and not isinstance(version, bool):
             version = str(version)
         if not isinstance(version, str):

@@ -271,7 +271,8 @@ OPENAPI: dict[str, Any] = {
             "parameters": [{"name": "name", "in": "path", "required": True, "schema": {"type": "string"}}],
             "requestBody": {"required": True, "content": {"application/json": {"schema": {
                 "type": "object", "required": ["version"], "properties": {
-                    "version": {"type": ["string", "integer"], "description": "1-128 printable ASCII"}}}}}},
+                    "version": {"type": ["string", "integer"], "description": "1-128 printable ASCII, or a 64-bit integer",
+                                "minimum": -(2**63), "maximum": 2**63 - 1}}}}}},
             "responses": {"200": {"description": "the version now in force", "content": {"application/json": {
                 "schema": {"type": "object", "properties": {"source": {"type": "string"},
                                                             "version": {"type": "string"}}}}}},

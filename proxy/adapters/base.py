@@ -63,6 +63,11 @@ class Adapter(Protocol):
         `on_exhausted: finish`); None where the API cannot be asked that (not an LLM call)."""
         ...
 
+    def empty_result(self, path: str) -> bytes | None:
+        """A well-formed answer with no results for a search or rerank at `path` (a budget's
+        `on_exhausted_retrieval: empty`); None where the API has no such answer."""
+        ...
+
 
 class AdapterFactory(Protocol):
     def __call__(self, upstream: UpstreamInfo) -> Adapter: ...
@@ -75,6 +80,11 @@ def no_stream_end(call: Call, observation: Observation, path: str, now_s: int) -
 
 def no_finish(path: str, body: bytes, note: str | None) -> bytes | None:
     """`finish` of adapters that do not generate answers (retrieval, rerank, passthrough)."""
+    return None
+
+
+def no_empty_result(path: str) -> bytes | None:
+    """`empty_result` of adapters whose calls are not searches (LLM, passthrough)."""
     return None
 
 

@@ -21,6 +21,7 @@ from .base import (
     Observer,
     UpstreamInfo,
     json_body,
+    no_empty_result,
     safe_parse,
 )
 from .fields import as_int, as_str, json_text
@@ -51,6 +52,7 @@ class OpenAIAdapter:
     error_style = "openai"
     reads_body = True
 
+    empty_result = staticmethod(no_empty_result)
     def __init__(self, upstream: UpstreamInfo) -> None:
         self.upstream = upstream
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from ..model import Call, Chunk
 from .base import (
     BufferedJsonObserver,
@@ -63,6 +65,10 @@ class _RerankAdapter:
         call.documents = len(docs)
         call.top_k = as_int(doc.get("top_n"))
         call.prompt_texts = [call.query or ""] + [_doc_text(d) for d in docs]
+
+    def empty_result(self, path: str) -> bytes | None:
+        """No ranked documents: `{"results": []}` (or `[]` where the ranked list is the body)."""
+        return orjson.dumps({self.results_key: []} if self.results_key else [])
 
     def observer(self, call: Call, status: int, headers: Mapping[str, str]) -> Observer:
         if call.operation != "rerank" or status >= 400:

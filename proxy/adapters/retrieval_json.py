@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import orjson
+
 from ..core import queries
 from ..core.evidence_track import chunk_key
 from ..model import Call, Chunk
@@ -101,6 +103,13 @@ class JsonRetrievalAdapter:
         if self.fields.get("version_header"):
             version = headers.get(self.fields["version_header"].lower())
         return RetrievalObserver(self, version)
+
+    def empty_result(self, path: str) -> bytes | None:
+        """`{"results": []}`, nested along the configured results path (`hits.hits` -> `{"hits": {"hits": []}}`)."""
+        doc: Any = []
+        for key in reversed((self.fields.get("results") or "").split(".")):
+            doc = {key: doc} if key else doc
+        return orjson.dumps(doc)
 
     def results(self, doc: Any) -> list[Any] | None:
         items = get_path(doc, self.fields.get("results", ""))

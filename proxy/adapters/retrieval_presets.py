@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+import orjson
+
 from ..model import Call, Chunk
 from .fields import as_acl, as_float, as_id, as_int, as_str, as_vector, get_path
 from .retrieval_json import JsonRetrievalAdapter, text_id
@@ -56,6 +58,10 @@ class QdrantAdapter(JsonRetrievalAdapter):
             call.query_vector = as_vector(q)
         return "filter", top_k, path
 
+    def empty_result(self, path: str) -> bytes | None:
+        points: Any = {"points": []} if path.rstrip("/").endswith("/query") else []
+        return orjson.dumps({"result": points, "status": "ok", "time": 0.0})
+
     def results(self, doc: Any) -> list[Any] | None:
         result = doc.get("result") if isinstance(doc, dict) else None
         if isinstance(result, dict):
@@ -70,6 +76,9 @@ class ChromaAdapter(JsonRetrievalAdapter):
     name = "chroma"
     defaults: ClassVar[Mapping[str, str]] = {"source": "source"}  # `source` and `acl` are paths inside each result's metadata
     _PATH = re.compile(r"/collections/([^/]+)/query$")
+
+    def empty_result(self, path: str) -> bytes | None:
+        return orjson.dumps({"ids": [[]], "documents": [[]], "metadatas": [[]], "distances": [[]]})
 
     def route_id(self, method: str, path: str) -> str | None:
         m = self._PATH.search(path)

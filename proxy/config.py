@@ -340,6 +340,9 @@ class Profile:
     # it is forwarded once with tools disabled, so the model answers from what it already has
     on_exhausted: Literal["reject", "finish"] = "reject"
     finish_note: str | None = None  # added as a last user message to a finish (None: nothing added)
+    # what a refused search or rerank gets: `reject` (the budget's error), or `empty`: a well-formed
+    # answer with no results and the budget headers (agents that end a task on a tool error go on)
+    on_exhausted_retrieval: Literal["reject", "empty"] = "reject"
 
     def limits(self) -> dict[str, float]:
         return {d: v for d in DIMENSIONS if (v := getattr(self, d)) is not None}
@@ -371,10 +374,14 @@ class ProfileRule:
             _bad(f"{where}.header", self.header, "an HTTP header name")
 
 
+# The embedded default: stop the loop, not the answer. Progress limits end a task's search (one
+# fruitless retrieval in a row, three in all), its next model call answers from the evidence it has
+# (finish), a refused search answers empty (agents that end on a tool error go on); the counts and
+# cost are ceilings for a loop that never retrieves. Measured on bench/eval_agents (README).
 DEFAULT_PROFILES: FrozenMap[str, Profile] = FrozenMap({
     "bounded": Profile(
-        max_steps=8, max_retrieval_calls=6, max_unique_queries=4, max_rerank_calls=3,
-        max_context_tokens=24000, max_latency_ms=30000, max_cost_usd=0.05, max_stalled_retrievals=2,
+        max_steps=40, max_cost_usd=1.0, max_stalled_retrievals=1, max_fruitless_retrievals=3,
+        on_exhausted="finish", on_exhausted_retrieval="empty",
     )
 })
 

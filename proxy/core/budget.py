@@ -153,6 +153,19 @@ def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, ne
     return None
 
 
+def exhausted(limits: Mapping[str, int], ledger: Ledger) -> str | None:
+    """The limit that ended the task's search, if one has: the first refusal, or a progress limit
+    reached (every later retrieval of the task would be refused: only a fruitful one resets the
+    stall, and none can run)."""
+    if ledger.exhausted:
+        return ledger.exhausted
+    for dim in ("max_stalled_retrievals", "max_fruitless_retrievals"):
+        limit = limits.get(dim)
+        if limit is not None and ledger.used(COUNTER[dim]) >= limit:  # type: ignore[arg-type]
+            return dim
+    return None
+
+
 def apply_charge(ledger: Ledger, charge: Charge, new_query: bool, now_ms: int) -> Reservation:
     """Add an admitted call to `ledger` in place (the memory store; the Lua script mirrors it)."""
     c = ledger.counters

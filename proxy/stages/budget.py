@@ -34,6 +34,7 @@ from ..stores.breaker import Breaker
 REMAINING_HEADER = b"x-ragtoll-budget-remaining"
 WARNING_HEADER = b"x-ragtoll-budget-warning"
 WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
+EXHAUSTED_HEADER = b"x-ragtoll-budget-exhausted"  # an empty answer in place of a refused search or rerank
 FINISHED_HEADER = b"x-ragtoll-budget-finished"  # this call went past that limit once, tools disabled
 
 
@@ -83,15 +84,17 @@ class BudgetStage(Stage):
             self._store_failed(ex, RuntimeError("profile conflict did not resolve"))
             return None
         finished = None
-        if not decision.admitted and self._may_finish(ex, sel, decision):
-            try:
-                forced = await self._finish(ex, sel, charge, now)
+        if not decision.admitted and self._may_finish(ex, sel, decision) and self._rewrite(ex, sel):
+            try:  # past the limit on purpose, charged: no stream cut, no deadline clamp
+                finished, decision, limits = decision.dimension, await self._reserve(ex, sel, {}, charge, now), {}
             except Exception as exc:  # noqa: BLE001 - as any store failure
                 self._store_failed(ex, exc)
                 return None
-            if forced is not None:  # past the limit on purpose: no stream cut, no deadline clamp
-                finished, decision, limits = decision.dimension, forced, {}
-                ex.response_headers.append((FINISHED_HEADER, (finished or "").encode()))
+        elif decision.admitted and self._finishes(ex, sel) and (ended := bm.exhausted(limits, decision.ledger)) \
+                and self._rewrite(ex, sel):
+            finished = ended  # the task can search no more: answer now
+        if finished:
+            ex.response_headers.append((FINISHED_HEADER, finished.encode()))
         shadow = self._shadow(sel.profile)
         ticket = ex.ticket = Ticket(decision.admitted, charge, decision.reservation, limits, sel.profile, shadow,
                                     dimension=decision.dimension, seen_chunks=decision.seen_chunks,
@@ -99,7 +102,11 @@ class BudgetStage(Stage):
         left, warn = self._headers(ex, ticket, decision, charge, now)
         if not decision.admitted:
             self._annotate(ex, sel, notes, decision, charge, now, left, warn, time.time_ns())
-            raise self._exceeded(ex, decision, charge, now)
+            empty = self._empty_result(ex, sel)
+            if empty is None:
+                raise self._exceeded(ex, decision, charge, now)
+            ex.outcome = "rejected"
+            return Reply(200, empty, [(EXHAUSTED_HEADER, (decision.dimension or "").encode())])
         # The span attributes wait for on_end (spans are exported only when they end): the
         # ~40 attributes and events then cost nothing before the first byte reaches the client.
         ticket.annotate = functools.partial(self._annotate, ex, sel, notes, decision, charge, now, left, warn,
@@ -111,24 +118,32 @@ class BudgetStage(Stage):
         self.profiles.forget(task_id)
         self._queries.forget(task_id)
 
-    def _may_finish(self, ex: Exchange, sel: Selection, refusal: Decision) -> bool:
-        """`on_exhausted: finish` applies: an LLM call read whole, refused by a limit other than its
-        own prompt's size, and the task's first refusal (the store counted it: one finish per task,
-        across replicas)."""
+    def _finishes(self, ex: Exchange, sel: Selection) -> bool:
+        """`on_exhausted: finish` applies to this call: an LLM call read whole, enforced (shadow
+        changes nothing)."""
         return (self._profile(sel.profile).on_exhausted == "finish" and ex.body is not None
-                and ex.call.operation in bm.LLM_OPERATIONS and refusal.dimension != "max_prompt_tokens"
+                and ex.call.operation in bm.LLM_OPERATIONS and not self._shadow(sel.profile))
+
+    def _may_finish(self, ex: Exchange, sel: Selection, refusal: Decision) -> bool:
+        """A refused LLM call is finished past its limit when that limit is not its own prompt's size
+        and this is the task's first refusal (the store counted it: one per task, across replicas)."""
+        return (self._finishes(ex, sel) and refusal.dimension != "max_prompt_tokens"
                 and sum(refusal.ledger.rejections.values()) == 1)
 
-    async def _finish(self, ex: Exchange, sel: Selection, charge: Charge, now: int) -> Decision | None:
-        """Rewrite the call to answer now (tools disabled) and charge it without limits; None when
-        this API cannot be asked that."""
+    def _rewrite(self, ex: Exchange, sel: Selection) -> bool:
+        """Rewrite the call to answer now (tools disabled); False when this API cannot be asked that."""
         assert ex.body is not None
         body = ex.route.adapter.finish(ex.target.split("?", 1)[0], ex.body, self._profile(sel.profile).finish_note)
-        if body is None:
+        if body is not None:
+            ex.body = body
+        return body is not None
+
+    def _empty_result(self, ex: Exchange, sel: Selection) -> bytes | None:
+        """`on_exhausted_retrieval: empty`: a refused search or rerank answers with no results."""
+        if ex.call.operation not in ("retrieval", "rerank") or \
+                self._profile(sel.profile).on_exhausted_retrieval != "empty":
             return None
-        forced = await self._reserve(ex, sel, {}, charge, now)
-        ex.body = body
-        return forced
+        return ex.route.adapter.empty_result(ex.target.split("?", 1)[0])
 
     def _limits(self, profile: str, baggage: dict[str, str], task_id: str, now_ms: int) -> tuple[dict[str, int], list[str]]:
         """The call's limits in internal units (never mutated by callers) and notes on its baggage."""

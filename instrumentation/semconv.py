@@ -57,6 +57,9 @@ BUDGET_EXCEEDED_DIMENSION = "ragtoll.budget.exceeded.dimension"
 BUDGET_WOULD_REJECT = "ragtoll.budget.would_reject"
 BUDGET_STREAM_CUT = "ragtoll.budget.stream_cut"
 BUDGET_NOTES = "ragtoll.budget.notes"  # why budget baggage or a profile request was ignored
+BUDGET_SCOPE = "ragtoll.budget.scope"  # task | principal: whose budget refused (or would refuse) the call
+PRINCIPAL_ID = "ragtoll.principal.id"  # sub:<subject>, key:<credential hash> or addr:<address>
+PRINCIPAL_NEW_TASK = "ragtoll.principal.new_task"  # this call started a task of the principal
 
 
 # The budget dimensions, in the order spans and headers list them: the one definition, which the

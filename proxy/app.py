@@ -41,8 +41,10 @@ from .stages.budget import BudgetStage
 from .stages.cache import CacheStage
 from .stages.evidence import EvidenceStage
 from .stages.outcome import OutcomeStage
+from .stages.principal import PrincipalStage
 from .stages.span import SpanStage
 from .stores import Stores, open_stores
+from .stores.principals import open_principal_store
 from .tasks.admin import AdminApi
 from .tasks.records import TaskEnder, open_sink
 
@@ -51,11 +53,13 @@ log = logging.getLogger("ragtoll")
 
 
 def build_stages(settings: Settings, *, stores: Stores, cache: CacheStage | None, env: Mapping[str, str],
-                 ender: TaskEnder) -> list[Stage]:
-    """The ordered stage list (DESIGN.md): the cache (proposes a hit), the budget (charges or refuses
-    it, reserves the call), evidence (what the answer brought, the context landfill), the span
-    record, and baggage outcomes. `on_end` runs in reverse order."""
+                 ender: TaskEnder, principal: Stage | None = None) -> list[Stage]:
+    """The ordered stage list (DESIGN.md): the cache (proposes a hit), the principal's budget across
+    tasks, the budget (charges or refuses it, reserves the call), evidence (what the answer brought,
+    the context landfill), the span record, and baggage outcomes. `on_end` runs in reverse order."""
     stages: list[Stage] = [cache] if cache is not None else []
+    if settings.budgets.enabled and principal is not None:
+        stages.append(principal)
     if settings.budgets.enabled:
         stages.append(BudgetStage(settings, stores.budget, hmac_key=budget_hmac_key(settings, env)))
     stages.append(EvidenceStage())
@@ -131,7 +135,10 @@ class RagtollApp:
         self.cache = CacheStage(self.settings, store=stores.evidence, client=client, resolver=self.resolver,
                                 tracer_provider=self.tracer_provider, meter_provider=self.meter_provider) \
             if self.settings.cache.enabled else None
-        stages = build_stages(self.settings, stores=stores, cache=self.cache, env=self.env, ender=ender)
+        principals = open_principal_store(self.settings, stores.budget)
+        principal = PrincipalStage(self.settings, principals, self.resolver) if principals is not None else None
+        stages = build_stages(self.settings, stores=stores, cache=self.cache, env=self.env, ender=ender,
+                              principal=principal)
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.tracer,
                                  on_end=self._record_call)
         ender.listeners.append(self._task_ended)

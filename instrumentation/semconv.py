@@ -77,6 +77,9 @@ DIMENSIONS = (
     "max_latency_ms",
     "max_stalled_retrievals",
 )
+# The limits of a principal across its tasks (`principals:`), rejected with scope `principal`.
+PRINCIPAL_DIMENSIONS = ("max_new_tasks_per_minute", "max_concurrent_tasks", "max_cost_usd_per_hour",
+                        "max_cost_usd_per_day")
 
 
 def budget_limit(dimension: str) -> str:

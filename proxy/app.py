@@ -167,6 +167,8 @@ class RagtollApp:
                 await ender.shutdown()
             except Exception:
                 log.exception("tasks not ended at shutdown")
+            if principal is not None:
+                await principal.drain()  # the ended tasks' releases, before the store closes
             self.pipeline = None
             self.admin.ender = None
             if self.cache is not None:
@@ -247,7 +249,8 @@ class RagtollApp:
             input_tokens=usage.input_tokens if usage else None, output_tokens=usage.output_tokens if usage else None,
             cost_usd=ticket.cost_usd if ticket else None,
             error_type=ex.error.code if ex.error is not None else None,
-            rejected_dimension=ticket.dimension if ticket and (not ticket.admitted or ticket.shadow) else None,
+            rejected_dimension=ticket.dimension if ticket and (not ticket.admitted or ticket.shadow) else
+            _principal_dimension(ex),
             budget_mode=("shadow" if ticket.shadow else "enforce") if ticket else None,
             cache_result=cache.result if cache else None, cache_tier=cache.tier if cache else None,
         )
@@ -282,6 +285,13 @@ class RagtollApp:
     async def not_found(self, request: Request, _exc: Exception | None = None) -> Response:
         error = self.router.not_found(request.url.path)
         return Response(render(error), status_code=error.status, media_type="application/json")
+
+
+def _principal_dimension(ex: Exchange) -> str | None:
+    """The principal limit that refused a call before the task's budget saw it (stages/principal.py)."""
+    details = ex.error.details if ex.error is not None and ex.error.code == "budget_exceeded" else {}
+    dim = details.get("dimension")
+    return dim if isinstance(dim, str) and details.get("scope") == "principal" else None
 
 
 def _forget(stages: list[Stage], task_id: str) -> None:

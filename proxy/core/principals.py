@@ -17,10 +17,12 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ragtoll.instrumentation.semconv import PRINCIPAL_DIMENSIONS
+
 from .budget import NANO
 
 # checked in this order; the first one that refuses names the rejection
-DIMENSIONS = ("max_new_tasks_per_minute", "max_concurrent_tasks", "max_cost_usd_per_hour", "max_cost_usd_per_day")
+DIMENSIONS = PRINCIPAL_DIMENSIONS
 COST_DIMENSIONS = frozenset({"max_cost_usd_per_hour", "max_cost_usd_per_day"})
 NEW_TASK_WINDOW_MS = 60_000
 MINUTE_MS = 60_000

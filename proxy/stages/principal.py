@@ -103,6 +103,11 @@ class PrincipalStage(Stage):
         self._releases.add(release)
         release.add_done_callback(self._releases.discard)
 
+    async def drain(self) -> None:
+        """Wait for the releases of ended tasks still under way (shutdown, before the store closes)."""
+        if self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)
+
     async def _release(self, task_id: str) -> None:
         try:
             async with asyncio.timeout(self._timeout_s * 4):

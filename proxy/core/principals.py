@@ -58,7 +58,8 @@ def to_units(limits: Mapping[str, float]) -> dict[str, int]:
 
 @dataclass(frozen=True, slots=True)
 class Standing:
-    """A principal's use as the store saw it when it decided a call (before the call's own share)."""
+    """A principal's use as the store saw it when it decided a call (before the call's own share).
+    A cost without a limit is not summed (0)."""
 
     live_tasks: int = 0
     new_tasks: int = 0  # tasks started in the last minute

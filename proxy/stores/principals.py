@@ -57,7 +57,7 @@ class PrincipalStore(Protocol):
 
 @dataclass(slots=True)
 class _Principal:
-    live: dict[str, int] = field(default_factory=dict)  # task -> last call ms
+    live: OrderedDict[str, int] = field(default_factory=OrderedDict)  # task -> last call ms, oldest first
     started: deque[int] = field(default_factory=deque)  # start ms of the tasks of the last minute
     minutes: dict[int, int] = field(default_factory=dict)  # minute -> nano-USD
     hours: dict[int, int] = field(default_factory=dict)
@@ -72,17 +72,17 @@ class MemoryPrincipalStore:
     async def admit(self, principal: str, task_id: str, limits: Mapping[str, int], now_ms: int,
                     shadow: bool = False) -> PrincipalDecision:
         p = self._get(principal)
-        for t in [t for t, last in p.live.items() if last < now_ms - self.stale_ms]:
-            del p.live[t]
+        while p.live and next(iter(p.live.values())) < now_ms - self.stale_ms:
+            p.live.popitem(last=False)
         while p.started and p.started[0] <= now_ms - pc.NEW_TASK_WINDOW_MS:
             p.started.popleft()
         new_task = task_id not in p.live
-        standing = Standing(len(p.live), len(p.started), pc.window_sum(p.minutes, pc.minute_of(now_ms), pc.HOUR_BUCKETS),
-                            pc.window_sum(p.hours, pc.hour_of(now_ms), pc.DAY_BUCKETS))
+        standing = Standing(len(p.live), len(p.started), *_costs(p, limits, now_ms))
         dim = pc.first_exceeded(limits, standing, new_task)
         if dim is not None and not shadow:
             return PrincipalDecision(False, dim, new_task, standing)
-        p.live[task_id] = now_ms
+        p.live[task_id] = max(now_ms, p.live.get(task_id, now_ms))
+        p.live.move_to_end(task_id)
         if new_task:
             p.started.append(now_ms)
             self._owners[task_id] = principal
@@ -117,6 +117,13 @@ class MemoryPrincipalStore:
 
     async def aclose(self) -> None:
         return None
+
+
+def _costs(p: _Principal, limits: Mapping[str, int], now_ms: int) -> tuple[int, int]:
+    """The cost of the last hour and day, each summed only when it has a limit (0 otherwise)."""
+    hour = pc.window_sum(p.minutes, pc.minute_of(now_ms), pc.HOUR_BUCKETS) if "max_cost_usd_per_hour" in limits else 0
+    day = pc.window_sum(p.hours, pc.hour_of(now_ms), pc.DAY_BUCKETS) if "max_cost_usd_per_day" in limits else 0
+    return hour, day
 
 
 def principal_keys(principal: str) -> tuple[str, str, str, str]:

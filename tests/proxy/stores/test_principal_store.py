@@ -70,7 +70,7 @@ async def test_a_task_whose_end_is_never_seen_is_dropped_once_stale(store: Princ
 
 async def test_cost_per_hour_and_day_roll_by_the_minute_and_the_hour(store: PrincipalStore) -> None:
     p = pid()
-    hour, day = {"max_cost_usd_per_hour": 1000}, {"max_cost_usd_per_day": 1500}
+    hour, day = {"max_cost_usd_per_hour": 1000, "max_cost_usd_per_day": 10**6}, {"max_cost_usd_per_day": 1500}
     await store.charge(p, 600, T0)
     await store.charge(p, 400, T0 + 30 * MINUTE_MS)
     d = await store.admit(p, "t", hour, T0 + 59 * MINUTE_MS)

@@ -20,6 +20,7 @@ from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy.stores.principals import principal_keys
 from support.budget_cluster import start_budget_cluster
 from support.poll import wait_until
+from support.process import RagtollProcess
 from support.redis_server import stop_all
 from test_budgets import CHAT, PRICING, TOKEN, budgets, call_spans, chat, task, upstreams
 
@@ -53,14 +54,16 @@ def settings(store: str, principals: dict[str, Any], **extra: Any) -> dict[str, 
             "budgets": budgets(max_steps=50), "principals": principals, **extra}
 
 
-def rotate(base: str, n: int, headers: Any) -> list[httpx.Response]:
-    """`n` chat calls, 32 at a time; `headers(i)` gives the headers of call i."""
+def rotate(base: str, n: int, headers: Any, bases: list[str] | None = None) -> list[httpx.Response]:
+    """`n` chat calls, 32 at a time; `headers(i)` gives the headers of call i; call i goes to
+    `bases[i % len(bases)]` when given (replicas), else to `base`."""
     async def main() -> list[httpx.Response]:
         gate = asyncio.Semaphore(32)
         async with httpx.AsyncClient(timeout=30) as http:
             async def one(i: int) -> httpx.Response:
                 async with gate:
-                    return await http.post(f"{base}/openai{CHAT}", headers=headers(i), json={
+                    url = bases[i % len(bases)] if bases else base
+                    return await http.post(f"{url}/openai{CHAT}", headers=headers(i), json={
                         "model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
             return await asyncio.gather(*(one(i) for i in range(n)))
     return asyncio.run(main())
@@ -93,6 +96,29 @@ def rejections(telemetry: Telemetry) -> dict[str, int]:
     return {p.attributes[sc.BUDGET_EXCEEDED_DIMENSION]: p.value for rm in (data.resource_metrics if data else [])
             for sm in rm.scope_metrics for m in sm.metrics if m.name == sc.METRIC_REJECTIONS
             for p in m.data.data_points}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["redis", "cluster"])
+def test_rotated_task_ids_over_three_replicas(kind: str, upstream: Upstream, redis_url: str,
+                                              request: pytest.FixtureRequest, tmp_path: Any) -> None:
+    store = redis_url if kind == "redis" else request.getfixturevalue("cluster_url")
+    cfg = {**settings(store, {"default": {"max_new_tasks_per_minute": 10}}), "on_store_error": "closed",
+           "upstreams": [{"name": "openai", "kind": "llm", "api": "openai", "url": upstream.url, "prefix": "/openai"}]}
+    procs = [RagtollProcess(tmp_path, cfg, ready="/readyz") for _ in range(3)]
+    key = f"Bearer sk-{uuid.uuid4().hex}"
+    try:
+        for proc in procs:
+            proc.launch()
+        for proc in procs:
+            proc.wait_ready(60)
+        answers = rotate("", 300, lambda i: {"authorization": key, "x-ragtoll-task-id": f"rot-{uuid.uuid4().hex}"},
+                         bases=[p.base for p in procs])
+    finally:
+        for proc in procs:
+            proc.stop()
+    assert sum(a.status_code == 200 for a in answers) == 10 and upstream.app.state.calls[CHAT] == 10
+    assert {a.json()["error"]["dimension"] for a in answers if a.status_code != 200} == {"max_new_tasks_per_minute"}
 
 
 def test_rotated_user_agents_under_the_session_policy_are_stopped(proxy: ProxyFactory, upstream: Upstream) -> None:

@@ -21,12 +21,12 @@ from ragtoll.instrumentation import semconv as sc
 from ..cache.principal import PrincipalResolver, credential
 from ..config import Settings
 from ..core import principals as pc
-from ..core.budget import NANO
+from ..core.budget import NANO, sf_dictionary
 from ..errors import BudgetExceeded, StoreUnavailable
 from ..request.exchange import Exchange, Reply, Stage
 from ..stores.breaker import STORE_RETRY_MS
 from ..stores.principals import PrincipalDecision, PrincipalStore
-from .budget import _safe_store_name
+from .budget import REMAINING_HEADER, _safe_store_name
 
 
 class PrincipalStage(Stage):
@@ -76,7 +76,8 @@ class PrincipalStage(Stage):
             self._store_failed(ex, exc, now)
             return None
         self._annotate(ex, principal, limits, decision)
-        if not decision.admitted:
+        if not decision.admitted:  # the task's budget is not consulted: the header names what is spent
+            ex.response_headers.append((REMAINING_HEADER, sf_dictionary({decision.dimension or "unknown": 0})))
             raise self._exceeded(ex, principal, limits, decision)
         self._admitted[id(ex)] = principal
         return None

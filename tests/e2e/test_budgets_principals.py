@@ -79,7 +79,8 @@ def test_a_thousand_rotated_task_ids_are_stopped_by_new_tasks_per_minute(
     assert codes.count(200) == 10 and codes.count(429) == 990
     assert upstream.app.state.calls[CHAT] == 10
     refused = next(a for a in answers if a.status_code == 429)
-    assert refused.headers["x-should-retry"] == "false"
+    assert refused.headers["x-should-retry"] == "false" and "retry-after" not in refused.headers
+    assert refused.headers["x-ragtoll-budget-remaining"] == "max_new_tasks_per_minute=0"
     err = refused.json()["error"]
     assert (err["code"], err["dimension"], err["scope"], err["limit"], err["used"]) == \
         ("budget_exceeded", "max_new_tasks_per_minute", "principal", 10, 10)

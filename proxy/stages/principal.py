@@ -48,10 +48,9 @@ class PrincipalStage(Stage):
     def principal_of(self, ex: Exchange) -> str:
         """The verified identity, else the credential's hash, else the client address."""
         principal = self.resolver.resolve(ex.headers).principal if self.resolver.mode != "none" else None
-        verified = principal is not None and principal.authenticated
-        return pc.principal_id(principal.subject if verified else None,  # type: ignore[union-attr]
-                               principal.tenant if verified else "",  # type: ignore[union-attr]
-                               credential(ex.headers), ex.client)
+        if principal is not None and principal.authenticated:
+            return pc.subject_id(principal.subject, principal.tenant)
+        return pc.principal_id(None, "", credential(ex.headers), ex.client)
 
     def limits(self, principal: str) -> dict[str, int]:
         if principal not in self.cfg.overrides:
@@ -66,6 +65,8 @@ class PrincipalStage(Stage):
             return None
         principal = self.principal_of(ex)
         limits = self.limits(principal)
+        if not limits:  # only overrides set limits, none for this principal: nothing to count
+            return None
         now = self._wall_ms()
         try:
             if now < self._down_until:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import time
 
 import jwt
+import pytest
 from ragtoll.proxy.cache.principal import PrincipalResolver
+from ragtoll.proxy.errors import StoreUnavailable
 from ragtoll.proxy.stages.principal import PrincipalStage
-from ragtoll.proxy.stores.principals import MemoryPrincipalStore
+from ragtoll.proxy.stores.principals import MemoryPrincipalStore, RedisPrincipalStore
+from ragtoll.proxy.stores.redis import RedisStore
 from support.exchanges import Exchanges
 
 SECRET = "s3cret-s3cret-s3cret-s3cret-s3cret-0"
@@ -45,3 +48,25 @@ def test_overrides_replace_only_the_keys_they_set() -> None:
     s = stage(ex)
     assert s.limits("sub:alice") == {"max_concurrent_tasks": 5, "max_cost_usd_per_day": 20_000_000_000}
     assert s.limits("sub:bob") == {"max_concurrent_tasks": 5, "max_cost_usd_per_day": 1_000_000_000}
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+async def test_an_unreachable_store_forwards_degraded_or_answers_503(mode: str) -> None:
+    ex = Exchanges(store="redis://127.0.0.1:9", on_store_error=mode, store_timeout_ms=200,  # nothing listens
+                   principals={"default": {"max_new_tasks_per_minute": 5}})
+    budget = RedisStore(ex.settings.store, timeout_s=0.2)
+    s = PrincipalStage(ex.settings, RedisPrincipalStore(budget, stale_ms=60_000, owner_ttl_s=60),
+                       PrincipalResolver(ex.settings.identity, {}))
+    try:
+        call = ex()
+        if mode == "closed":
+            with pytest.raises(StoreUnavailable):
+                await s.on_request(call)
+        else:
+            assert await s.on_request(call) is None
+            assert call.degraded is not None and call.degraded.startswith("principal store failed")
+        again = ex()  # within the retry window the store is not asked again: no second wait
+        if mode == "open":
+            assert await s.on_request(again) is None and "moments ago" in (again.degraded or "")
+    finally:
+        await budget.aclose()

@@ -203,7 +203,7 @@ class Metrics:
         return {k: v for k, v in raw.items() if v is not None}
 
 
-_DIMENSIONS = frozenset(sc.DIMENSIONS)
+_DIMENSIONS = frozenset(sc.DIMENSIONS) | frozenset(sc.PRINCIPAL_DIMENSIONS)
 
 
 class PrometheusReader(PrometheusMetricReader):

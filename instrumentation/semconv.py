@@ -58,6 +58,9 @@ BUDGET_WOULD_REJECT = "ragtoll.budget.would_reject"
 BUDGET_STREAM_CUT = "ragtoll.budget.stream_cut"
 BUDGET_FINISHED = "ragtoll.budget.finished"  # on_exhausted: finish: the limit the call went past, tools disabled
 BUDGET_NOTES = "ragtoll.budget.notes"  # why budget baggage or a profile request was ignored
+BUDGET_SCOPE = "ragtoll.budget.scope"  # task | principal: whose budget refused (or would refuse) the call
+PRINCIPAL_ID = "ragtoll.principal.id"  # sub:<subject>, key:<credential hash> or addr:<address>
+PRINCIPAL_NEW_TASK = "ragtoll.principal.new_task"  # this call started a task of the principal
 
 
 # The budget dimensions, in the order spans and headers list them: the one definition, which the
@@ -76,6 +79,9 @@ DIMENSIONS = (
     "max_stalled_retrievals",
     "max_fruitless_retrievals",
 )
+# The limits of a principal across its tasks (`principals:`), rejected with scope `principal`.
+PRINCIPAL_DIMENSIONS = ("max_new_tasks_per_minute", "max_concurrent_tasks", "max_cost_usd_per_hour",
+                        "max_cost_usd_per_day")
 
 
 def budget_limit(dimension: str) -> str:

@@ -41,8 +41,10 @@ from .stages.budget import BudgetStage
 from .stages.cache import CacheStage
 from .stages.evidence import EvidenceStage
 from .stages.outcome import OutcomeStage
+from .stages.principal import PrincipalStage
 from .stages.span import SpanStage
 from .stores import Stores, open_stores
+from .stores.principals import open_principal_store
 from .tasks.admin import AdminApi
 from .tasks.records import TaskEnder, open_sink
 
@@ -51,11 +53,13 @@ log = logging.getLogger("ragtoll")
 
 
 def build_stages(settings: Settings, *, stores: Stores, cache: CacheStage | None, env: Mapping[str, str],
-                 ender: TaskEnder) -> list[Stage]:
-    """The ordered stage list (DESIGN.md): the cache (proposes a hit), the budget (charges or refuses
-    it, reserves the call), evidence (what the answer brought, the context landfill), the span
-    record, and baggage outcomes. `on_end` runs in reverse order."""
+                 ender: TaskEnder, principal: Stage | None = None) -> list[Stage]:
+    """The ordered stage list (DESIGN.md): the cache (proposes a hit), the principal's budget across
+    tasks, the budget (charges or refuses it, reserves the call), evidence (what the answer brought,
+    the context landfill), the span record, and baggage outcomes. `on_end` runs in reverse order."""
     stages: list[Stage] = [cache] if cache is not None else []
+    if settings.budgets.enabled and principal is not None:
+        stages.append(principal)
     if settings.budgets.enabled:
         stages.append(BudgetStage(settings, stores.budget, hmac_key=budget_hmac_key(settings, env)))
     stages.append(EvidenceStage())
@@ -131,7 +135,10 @@ class RagtollApp:
         self.cache = CacheStage(self.settings, store=stores.evidence, client=client, resolver=self.resolver,
                                 tracer_provider=self.tracer_provider, meter_provider=self.meter_provider) \
             if self.settings.cache.enabled else None
-        stages = build_stages(self.settings, stores=stores, cache=self.cache, env=self.env, ender=ender)
+        principals = open_principal_store(self.settings, stores.budget)
+        principal = PrincipalStage(self.settings, principals, self.resolver) if principals is not None else None
+        stages = build_stages(self.settings, stores=stores, cache=self.cache, env=self.env, ender=ender,
+                              principal=principal)
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.tracer,
                                  on_end=self._record_call)
         ender.listeners.append(self._task_ended)
@@ -160,6 +167,8 @@ class RagtollApp:
                 await ender.shutdown()
             except Exception:
                 log.exception("tasks not ended at shutdown")
+            if principal is not None:
+                await principal.drain()  # the ended tasks' releases, before the store closes
             self.pipeline = None
             self.admin.ender = None
             if self.cache is not None:
@@ -240,7 +249,8 @@ class RagtollApp:
             input_tokens=usage.input_tokens if usage else None, output_tokens=usage.output_tokens if usage else None,
             cost_usd=ticket.cost_usd if ticket else None,
             error_type=ex.error.code if ex.error is not None else None,
-            rejected_dimension=ticket.dimension if ticket and (not ticket.admitted or ticket.shadow) else None,
+            rejected_dimension=ticket.dimension if ticket and (not ticket.admitted or ticket.shadow) else
+            _principal_dimension(ex),
             budget_mode=("shadow" if ticket.shadow else "enforce") if ticket else None,
             cache_result=cache.result if cache else None, cache_tier=cache.tier if cache else None,
         )
@@ -275,6 +285,13 @@ class RagtollApp:
     async def not_found(self, request: Request, _exc: Exception | None = None) -> Response:
         error = self.router.not_found(request.url.path)
         return Response(render(error), status_code=error.status, media_type="application/json")
+
+
+def _principal_dimension(ex: Exchange) -> str | None:
+    """The principal limit that refused a call before the task's budget saw it (stages/principal.py)."""
+    details = ex.error.details if ex.error is not None and ex.error.code == "budget_exceeded" else {}
+    dim = details.get("dimension")
+    return dim if isinstance(dim, str) and details.get("scope") == "principal" else None
 
 
 def _forget(stages: list[Stage], task_id: str) -> None:

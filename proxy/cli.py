@@ -1,4 +1,4 @@
-"""`ragtoll serve | check-config`: the command line.
+"""`ragtoll serve | check-config | sign-budget | principal-id | ...`: the command line.
 
 Config errors exit with status 2 and one line naming the key, the value and what is valid.
 """
@@ -29,10 +29,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     sign.add_argument("--key-file", help="file holding the HMAC key (instead of --key-env)")
     sign.add_argument("--ttl", type=int, default=3600, help="seconds until the signature expires")
     sign.add_argument("limits", nargs="+", metavar="DIMENSION=VALUE", help="e.g. max_steps=40 max_cost_usd=0.5")
+    _add_principal_command(sub)
     _add_evaluation_commands(sub)
     args = parser.parse_args(argv)
     if args.command == "sign-budget":
         return _sign(args)
+    if args.command == "principal-id":
+        return _principal_id(args)
     if args.command in ("demo", "report", "recommend"):
         return _run_evaluation_command(args)
     if args.command == "serve":
@@ -98,6 +101,34 @@ def _sign(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"ragtoll: {exc}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _add_principal_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    pid = sub.add_parser("principal-id", help="print the principal id (for principals.overrides) of a subject, "
+                                              "credential or address")
+    pid.add_argument("--subject", help="a verified identity: the JWT `sub`, or the gateway's subject header")
+    pid.add_argument("--tenant", default="", help="its tenant (JWT tenant claim / tenant header), if any")
+    for header in ("authorization", "api-key", "x-api-key"):
+        pid.add_argument(f"--{header}", metavar="VALUE",
+                         help=f"the {header} header the caller sends, exactly ('-': read it from stdin)")
+    pid.add_argument("--address", help="the client address (callers that send no credential)")
+
+
+def _principal_id(args: argparse.Namespace) -> int:
+    """The id the proxy gives such a caller (core/principals.py): subject, else credential, else address."""
+    from .cache.principal import CREDENTIAL_HEADERS, credential
+    from .core.principals import principal_id
+
+    headers = {h: getattr(args, h.replace("-", "_")) or "" for h in CREDENTIAL_HEADERS}
+    for h, value in headers.items():
+        if value == "-":
+            headers[h] = sys.stdin.readline().rstrip("\r\n")
+    if not (args.subject or any(headers.values()) or args.address):
+        print("ragtoll: give --subject, a credential (--authorization, --api-key, --x-api-key) or --address",
+              file=sys.stderr)
+        return 2
+    print(principal_id(args.subject, args.tenant, credential(headers), args.address or ""))
     return 0
 
 

@@ -551,6 +551,56 @@ class IdentityConfig:
         self.header.validate(f"{where}.header")
 
 
+PRINCIPAL_ID_PREFIXES = ("sub:", "key:", "addr:")  # core/principals.py makes ids of these kinds
+
+
+@dataclass(frozen=True)
+class PrincipalLimits:
+    """Limits of one principal across its tasks. An absent (None) key: no limit (in `default`),
+    the default's limit (in an override)."""
+
+    max_new_tasks_per_minute: int | None = None
+    max_concurrent_tasks: int | None = None
+    max_cost_usd_per_hour: float | None = None
+    max_cost_usd_per_day: float | None = None
+
+    def limits(self) -> dict[str, float]:
+        return {f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None}
+
+    def validate(self, where: str) -> None:
+        for name, value in self.limits().items():
+            if not _finite(value) or value < 0:
+                _bad(f"{where}.{name}", value, "a finite number >= 0 (omit the key for no limit)")
+
+
+@dataclass(frozen=True)
+class PrincipalsConfig:
+    """Budgets across tasks, per principal (DESIGN.md "Across tasks"): `default` applies to every
+    principal, `overrides` (principal id -> limits, as `ragtoll principal-id` prints) replace keys of it."""
+
+    default: PrincipalLimits = PrincipalLimits()
+    overrides: Mapping[str, PrincipalLimits] = EMPTY
+
+    def __post_init__(self) -> None:
+        _freeze(self, "overrides")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.default.limits()) or any(o.limits() for o in self.overrides.values())
+
+    def limits_for(self, principal: str) -> dict[str, float]:
+        override = self.overrides.get(principal)
+        return {**self.default.limits(), **(override.limits() if override is not None else {})}
+
+    def validate(self, where: str) -> None:
+        self.default.validate(f"{where}.default")
+        for pid, limits in self.overrides.items():
+            if not pid.startswith(PRINCIPAL_ID_PREFIXES) or len(pid) > 300:
+                _bad(f"{where}.overrides.{pid}", pid, "a principal id (sub:<subject>, key:<hash> or addr:<address>); "
+                     "`ragtoll principal-id` prints the id of a subject or credential")
+            limits.validate(f"{where}.overrides.{pid}")
+
+
 @dataclass(frozen=True)
 class TelemetryConfig:
     capture_content: bool = False
@@ -578,6 +628,7 @@ class Settings:
     cache: CacheConfig = CacheConfig()
     identity: IdentityConfig = IdentityConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
+    principals: PrincipalsConfig = PrincipalsConfig()
 
     def __post_init__(self) -> None:
         _freeze(self, "upstreams", "pricing")
@@ -617,6 +668,7 @@ class Settings:
         self.tasks.validate("tasks")
         self.identity.validate("identity")
         self.telemetry.validate("telemetry")
+        self.principals.validate("principals")
 
 
 def _check_one_transport(where: str, up: UpstreamConfig, seen: dict[str, tuple[str, UpstreamConfig]]) -> None:

@@ -118,9 +118,7 @@ class PrincipalResolver:
             return self._from_jwt(headers)
         if self.mode == "header":
             return self._from_headers(headers)
-        credential = headers.get("authorization", "") + "\x00" + headers.get("api-key", "") + "\x00" + \
-            headers.get("x-api-key", "")
-        return Resolution(Principal("anonymous:" + xxhash.xxh3_64_hexdigest(credential.encode())))
+        return Resolution(Principal("anonymous:" + xxhash.xxh3_64_hexdigest(credential(headers).encode())))
 
     def _from_headers(self, headers: Mapping[str, str]) -> Resolution:
         h = self.config.header
@@ -190,6 +188,15 @@ class PrincipalResolver:
         if jwk is None and kid is None:
             jwk = self._single_key
         return jwk.key if jwk is not None else None
+
+
+CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+
+
+def credential(headers: Mapping[str, str]) -> str:
+    """The credential a caller sent: the headers the upstream authenticates by, joined (only NULs
+    when it sent none). Only ever hashed, never stored."""
+    return "\x00".join(headers.get(h, "") for h in CREDENTIAL_HEADERS)
 
 
 def _split_groups(value: str) -> frozenset[str]:

@@ -1,0 +1,161 @@
+"""Principal stage: budgets across tasks (`principals:`), before the task's own budget.
+
+Guarantees: one store round trip before forwarding (`admit`: is the task new to its principal,
+and do the principal's new-tasks-per-minute, concurrent-tasks and rolling-cost limits admit it);
+a refused call never reaches the upstream and raises `BudgetExceeded` with `scope: principal`
+(the pipeline renders it as every budget rejection, `x-should-retry: false`); an admitted call's
+settled cost is charged to the principal in `on_end` (after the budget stage settled it); a task
+stops counting as live when it ends (`on_task_end`: records end, idle sweep, admin end). A failing
+store forwards and marks the call degraded (`on_store_error: open`) or answers 503 (`closed`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ragtoll.instrumentation import semconv as sc
+
+from ..cache.principal import PrincipalResolver, credential
+from ..config import Settings
+from ..core import principals as pc
+from ..core.budget import NANO, sf_dictionary
+from ..errors import BudgetExceeded, StoreUnavailable
+from ..request.exchange import Exchange, Reply, Stage
+from ..stores.breaker import STORE_RETRY_MS
+from ..stores.principals import PrincipalDecision, PrincipalStore
+from .budget import REMAINING_HEADER, _safe_store_name
+
+
+class PrincipalStage(Stage):
+    def __init__(self, settings: Settings, store: PrincipalStore, resolver: PrincipalResolver, *,
+                 wall_ms: Callable[[], int] | None = None) -> None:
+        self.settings = settings
+        self.cfg = settings.principals
+        self.store = store
+        self.resolver = resolver
+        self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
+        self._timeout_s = settings.store_timeout_ms / 1000
+        self._shadow = settings.budgets.mode == "shadow"
+        self._units: dict[str, dict[str, int]] = {}  # principal with an override -> its limits
+        self._default = pc.to_units(self.cfg.default.limits())
+        self._admitted: dict[int, str] = {}  # id(exchange) -> principal, from on_request to on_end
+        self._down_until = 0  # wall ms: after a store failure, skip it for a moment (as stores.breaker)
+        self._releases: set[asyncio.Task[None]] = set()
+
+    def principal_of(self, ex: Exchange) -> str:
+        """The verified identity, else the credential's hash, else the client address."""
+        principal = self.resolver.resolve(ex.headers).principal if self.resolver.mode != "none" else None
+        if principal is not None and principal.authenticated:
+            return pc.subject_id(principal.subject, principal.tenant)
+        return pc.principal_id(None, "", credential(ex.headers), ex.client)
+
+    def limits(self, principal: str) -> dict[str, int]:
+        if principal not in self.cfg.overrides:
+            return self._default
+        units = self._units.get(principal)
+        if units is None:
+            units = self._units[principal] = pc.to_units(self.cfg.limits_for(principal))
+        return units
+
+    async def on_request(self, ex: Exchange) -> Reply | None:
+        if ex.task is None:
+            return None
+        principal = self.principal_of(ex)
+        limits = self.limits(principal)
+        if not limits:  # only overrides set limits, none for this principal: nothing to count
+            return None
+        now = self._wall_ms()
+        try:
+            if now < self._down_until:
+                raise StoreUnavailable("the store failed moments ago; not retried yet")
+            async with asyncio.timeout(self._timeout_s):
+                decision = await self.store.admit(principal, ex.task.id, limits, now, self._shadow)
+        except Exception as exc:  # noqa: BLE001 - any store failure: open or closed, never hang
+            self._store_failed(ex, exc, now)
+            return None
+        self._annotate(ex, principal, limits, decision)
+        if not decision.admitted:  # the task's budget is not consulted: the header names what is spent
+            ex.response_headers.append((REMAINING_HEADER, sf_dictionary({decision.dimension or "unknown": 0})))
+            raise self._exceeded(ex, principal, limits, decision)
+        self._admitted[id(ex)] = principal
+        return None
+
+    async def on_end(self, ex: Exchange) -> None:
+        """Charge the principal what the call settled at (the budget stage's `on_end` ran first)."""
+        principal = self._admitted.pop(id(ex), None)
+        ticket = ex.ticket
+        if principal is None or ticket is None or not ticket.admitted:
+            return
+        cost = round(ticket.cost_usd * NANO) if ticket.cost_usd is not None else ticket.charge.cost
+        if cost <= 0:
+            return
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self.store.charge(principal, cost, self._wall_ms())
+        except Exception as exc:  # noqa: BLE001 - the response is sent; record, never fail
+            if ex.span is not None:
+                ex.span.set_attribute(sc.DEGRADED, True)
+                ex.span.add_event(sc.EVENT_DEGRADED, {"reason": f"principal charge failed: {type(exc).__name__}"})
+
+    def on_task_end(self, task_id: str) -> None:
+        release = asyncio.get_running_loop().create_task(self._release(task_id))
+        self._releases.add(release)
+        release.add_done_callback(self._releases.discard)
+
+    async def drain(self) -> None:
+        """Wait for the releases of ended tasks still under way (shutdown, before the store closes)."""
+        if self._releases:
+            await asyncio.gather(*self._releases, return_exceptions=True)
+
+    async def _release(self, task_id: str) -> None:
+        try:
+            async with asyncio.timeout(self._timeout_s * 4):
+                await self.store.release(task_id)
+        except Exception:  # noqa: BLE001, S110 - the task is dropped once stale (stores/principals.py)
+            pass
+
+    def _store_failed(self, ex: Exchange, exc: BaseException, now: int) -> None:
+        if not isinstance(exc, StoreUnavailable):
+            self._down_until = now + STORE_RETRY_MS
+        reason = f"principal store failed: {type(exc).__name__}: {str(exc)[:200]}"
+        if ex.span is not None:
+            ex.span.set_attribute(sc.DEGRADED, True)
+            ex.span.add_event(sc.EVENT_DEGRADED, {"reason": reason, "on_store_error": self.settings.on_store_error})
+        if self.settings.on_store_error == "closed":
+            raise StoreUnavailable(
+                "the budget store did not answer in time and on_store_error is closed; the call was not forwarded",
+                store=_safe_store_name(self.settings.store),
+            ) from exc
+        ex.degraded = reason
+
+    def _annotate(self, ex: Exchange, principal: str, limits: dict[str, int], d: PrincipalDecision) -> None:
+        span = ex.span
+        if span is None or not span.is_recording():
+            return
+        attrs: dict[str, Any] = {sc.PRINCIPAL_ID: principal, sc.PRINCIPAL_NEW_TASK: d.new_task}
+        if d.dimension:
+            attrs[sc.BUDGET_SCOPE] = pc.SCOPE
+            if d.admitted:  # shadow
+                attrs[sc.BUDGET_WOULD_REJECT] = d.dimension
+            else:
+                attrs[sc.BUDGET_EXCEEDED] = True
+                attrs[sc.BUDGET_EXCEEDED_DIMENSION] = d.dimension
+            span.add_event(sc.EVENT_EXCEEDED, {
+                "dimension": d.dimension, "scope": pc.SCOPE, "limit": pc.limit_value(d.dimension, limits[d.dimension]),
+                "used": pc.used_value(d.dimension, d.standing), "mode": "shadow" if d.admitted else "enforce",
+                "would_reject": d.admitted})
+        span.set_attributes(attrs)
+
+    def _exceeded(self, ex: Exchange, principal: str, limits: dict[str, int], d: PrincipalDecision) -> BudgetExceeded:
+        dim = d.dimension or "unknown"
+        limit = pc.limit_value(dim, limits.get(dim, 0))
+        used = pc.used_value(dim, d.standing)
+        return BudgetExceeded(
+            f"budget exhausted: {dim} limit {limit:g}, used {used:g} (principal {principal!r}); "
+            "this client may not start more tasks or spend more until its window frees up",
+            status=self.settings.budgets.reject_status, dimension=dim, limit=limit, used=used, scope=pc.SCOPE,
+            principal=principal, task_id=ex.task.id if ex.task else "",
+        )

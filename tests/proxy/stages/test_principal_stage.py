@@ -1,0 +1,72 @@
+"""Who the principal of a call is: the identity the cache's resolver verified (JWT subject, the
+gateway's headers), else the credential's hash, else the client address."""
+
+from __future__ import annotations
+
+import time
+
+import jwt
+import pytest
+from ragtoll.proxy.cache.principal import PrincipalResolver
+from ragtoll.proxy.errors import StoreUnavailable
+from ragtoll.proxy.stages.principal import PrincipalStage
+from ragtoll.proxy.stores.principals import MemoryPrincipalStore, RedisPrincipalStore
+from ragtoll.proxy.stores.redis import RedisStore
+from support.exchanges import Exchanges
+
+SECRET = "s3cret-s3cret-s3cret-s3cret-s3cret-0"
+
+
+def stage(ex: Exchanges) -> PrincipalStage:
+    resolver = PrincipalResolver(ex.settings.identity, {"RAGTOLL_JWT_SECRET": SECRET})
+    return PrincipalStage(ex.settings, MemoryPrincipalStore(60_000), resolver)
+
+
+def test_jwt_subject_then_credential_hash() -> None:
+    ex = Exchanges(identity={"mode": "jwt"}, principals={"default": {"max_concurrent_tasks": 5}})
+    token = jwt.encode({"sub": "alice", "tenant": "acme", "exp": int(time.time()) + 60}, SECRET, algorithm="HS256")
+    s = stage(ex)
+    assert s.principal_of(ex(headers={"authorization": f"Bearer {token}"})) == "sub:acme/alice"
+    forged = jwt.encode({"sub": "alice", "exp": int(time.time()) + 60}, "x" * 40, algorithm="HS256")
+    unverified = s.principal_of(ex(headers={"authorization": f"Bearer {forged}"}))
+    assert unverified.startswith("key:") and "alice" not in unverified  # a forged token is only a credential
+
+
+def test_gateway_header_only_in_header_mode_else_address() -> None:
+    headers = {"x-auth-subject": "bob"}
+    trusted = Exchanges(identity={"mode": "header"}, principals={"default": {"max_concurrent_tasks": 5}})
+    assert stage(trusted).principal_of(trusted(headers=headers)) == "sub:bob"
+    plain = Exchanges(principals={"default": {"max_concurrent_tasks": 5}})
+    call = plain(headers=headers)
+    call.client = "192.0.2.7"
+    assert stage(plain).principal_of(call) == "addr:192.0.2.7"  # the header alone proves nothing
+
+
+def test_overrides_replace_only_the_keys_they_set() -> None:
+    ex = Exchanges(principals={"default": {"max_concurrent_tasks": 5, "max_cost_usd_per_day": 1.0},
+                               "overrides": {"sub:alice": {"max_cost_usd_per_day": 20}}})
+    s = stage(ex)
+    assert s.limits("sub:alice") == {"max_concurrent_tasks": 5, "max_cost_usd_per_day": 20_000_000_000}
+    assert s.limits("sub:bob") == {"max_concurrent_tasks": 5, "max_cost_usd_per_day": 1_000_000_000}
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+async def test_an_unreachable_store_forwards_degraded_or_answers_503(mode: str) -> None:
+    ex = Exchanges(store="redis://127.0.0.1:9", on_store_error=mode, store_timeout_ms=200,  # nothing listens
+                   principals={"default": {"max_new_tasks_per_minute": 5}})
+    budget = RedisStore(ex.settings.store, timeout_s=0.2)
+    s = PrincipalStage(ex.settings, RedisPrincipalStore(budget, stale_ms=60_000, owner_ttl_s=60),
+                       PrincipalResolver(ex.settings.identity, {}))
+    try:
+        call = ex()
+        if mode == "closed":
+            with pytest.raises(StoreUnavailable):
+                await s.on_request(call)
+        else:
+            assert await s.on_request(call) is None
+            assert call.degraded is not None and call.degraded.startswith("principal store failed")
+        again = ex()  # within the retry window the store is not asked again: no second wait
+        if mode == "open":
+            assert await s.on_request(again) is None and "moments ago" in (again.degraded or "")
+    finally:
+        await budget.aclose()

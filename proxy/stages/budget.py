@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ragtoll.instrumentation import semconv as sc
@@ -24,7 +24,7 @@ from ..core.budget import Actual, Charge, Ledger, Selection, Ticket
 from ..core.classifier import classify as _classify
 from ..core.pricing import Prices, Quote, allowed_output
 from ..core.profiles import Profiles
-from ..core.signing import verify_budget_baggage
+from ..core.signing import signed_profile, verify_budget_baggage
 from ..errors import BudgetExceeded, StoreUnavailable
 from ..request.exchange import Exchange, Reply, Stage
 from ..stores.base import Decision, Store, TaskMeta
@@ -45,7 +45,7 @@ class BudgetStage(Stage):
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
         self.store = Breaker(store, settings.store_timeout_ms / 1000, self._wall_ms)
         self.prices: Prices | None = Prices.from_settings(settings)
-        self.profiles = Profiles(self.cfg, classify or _classify)
+        self.profiles = Profiles(self.cfg, classify or _classify, self._profile_signed)
         self.hmac_key = hmac_key
         self._units: dict[str, dict[str, int]] = {}  # profile -> its limits in internal units
 
@@ -106,6 +106,9 @@ class BudgetStage(Stage):
         limits, lim_notes = bm.effective_limits(self._profile(profile), baggage, raises)
         return bm.to_units(limits), notes + lim_notes
 
+    def _profile_signed(self, baggage: Mapping[str, str], task_id: str) -> bool:
+        return signed_profile(baggage, task_id, self.hmac_key, self._wall_ms() / 1000)
+
     def _profile(self, name: str) -> Profile:
         # a task in a shared store may name a profile this replica's config no longer has
         return self.cfg.profiles.get(name) or self.cfg.profiles[self.cfg.default_profile]
@@ -124,6 +127,8 @@ class BudgetStage(Stage):
     def _charge(self, ex: Exchange, cache_hit: bool, quote: Quote | None) -> Charge:
         call, up = ex.call, ex.route.upstream
         certain = reserve = 0.0
+        if quote is not None and not quote.priced and ex.span is not None:
+            ex.span.set_attribute(sc.COST_ESTIMATED, True)  # reserved at `pricing.default`
         if quote is not None:
             total = quote.usd(allowed_output(call, self.cfg.default_max_output_tokens))
             if call.operation in bm.LLM_OPERATIONS:
@@ -370,9 +375,12 @@ class BudgetStage(Stage):
             completion = res.completion_tokens
         cost = res.cost_nusd
         if self.prices is not None:
+            # the tokens used, at the model's price or else at `pricing.default` (an estimate)
             c = self.prices.actual(ex.route.upstream, call, obs)
-            if c.known or call.operation not in bm.LLM_OPERATIONS:
+            if c.measured or call.operation not in bm.LLM_OPERATIONS:
                 cost = round(c.usd * bm.NANO)
+            if not c.priced and ex.span is not None:
+                ex.span.set_attribute(sc.COST_ESTIMATED, True)
         if unread:
             cost = max(cost, res.cost_nusd)
         chunks = None

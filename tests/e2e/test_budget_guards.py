@@ -1,0 +1,143 @@
+"""Budget guarantees against sly clients (issue 23): profiles by trust, outcomes by authority,
+unpriced models charged what they used, any JSON encoding read, rejections no SDK retries."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import http_sfv
+import httpx
+import orjson
+import pytest
+from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
+from ragtoll.instrumentation import semconv as sc
+from ragtoll.proxy.core.signing import sign_budget
+from support.asgi import read_body, serve_lifespan
+from support.servers import serve_in_thread
+
+CHAT = "/v1/chat/completions"
+HMAC_KEY = b"operator-hmac-key-0123456789abcdef"
+TIERS = {"default_profile": "small",
+         "profiles": {"small": {"max_steps": 3, "max_cost_usd": 1.0},
+                      "generous": {"max_steps": 1000, "max_cost_usd": 100.0},
+                      "smaller": {"max_steps": 1, "max_cost_usd": 0.5},
+                      "unbounded_cost": {"max_steps": 2}}}
+
+
+def task() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+def chat(http: httpx.Client, base: str, task_id: str, headers: dict[str, str] | None = None,
+         **body: Any) -> httpx.Response:
+    doc = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], **body}
+    return http.post(f"{base}/openai{CHAT}", json=doc, headers={"x-ragtoll-task-id": task_id, **(headers or {})})
+
+
+def chat_spans(telemetry: Telemetry) -> list[Any]:
+    return sorted((s for s in telemetry.spans() if s.name.startswith("chat")), key=lambda s: s.start_time)
+
+
+# --- 2. profiles by trust ---------------------------------------------------------------------------
+
+
+def test_unsigned_baggage_cannot_pick_a_more_generous_profile(proxy: ProxyFactory, upstream: Upstream,
+                                                              telemetry: Telemetry) -> None:
+    generous, missing_limit = task(), task()
+    with proxy(budgets=TIERS) as base, httpx.Client() as http:
+        codes = [chat(http, base, generous, {"baggage": "ragtoll.budget.profile=generous"}).status_code
+                 for _ in range(5)]
+        # no cost limit at all is more generous than $1, though it allows fewer steps
+        loose = [chat(http, base, missing_limit, {"baggage": "ragtoll.budget.profile=unbounded_cost"}).status_code
+                 for _ in range(4)]
+    assert codes == [200, 200, 200, 429, 429]
+    assert loose == [200, 200, 200, 429]
+    assert upstream.app.state.calls[CHAT] == 6
+    spans = chat_spans(telemetry)
+    assert {s.attributes[sc.PROFILE] for s in spans} == {"small"}
+    notes = spans[0].attributes[sc.BUDGET_NOTES]
+    assert any("'generous' ignored: more generous than 'small' (max_steps, max_cost_usd)" in n for n in notes)
+    assert any("'unbounded_cost' ignored" in n and "(max_cost_usd)" in n
+               for s in spans for n in s.attributes.get(sc.BUDGET_NOTES, ()))
+
+
+def test_unsigned_baggage_may_pick_a_stricter_profile(proxy: ProxyFactory, upstream: Upstream,
+                                                      telemetry: Telemetry) -> None:
+    t = task()
+    with proxy(budgets=TIERS) as base, httpx.Client() as http:
+        codes = [chat(http, base, t, {"baggage": "ragtoll.budget.profile=smaller"}).status_code for _ in range(2)]
+    assert codes == [200, 429]
+    assert chat_spans(telemetry)[0].attributes[sc.PROFILE_SOURCE] == "baggage"
+
+
+def test_a_signed_profile_may_be_more_generous(proxy: ProxyFactory, upstream: Upstream,
+                                               monkeypatch: pytest.MonkeyPatch, telemetry: Telemetry) -> None:
+    monkeypatch.setenv("RAGTOLL_BUDGET_HMAC_KEY", HMAC_KEY.decode())
+    signed, other, limits_only = task(), task(), task()
+    grant = sign_budget(signed, {}, HMAC_KEY, time.time() + 300, profile="generous")
+    # a signature over the limits alone does not cover an unsigned profile beside it
+    plain = sign_budget(limits_only, {"max_steps": 4}, HMAC_KEY, time.time() + 300)
+    with proxy(budgets=TIERS) as base, httpx.Client() as http:
+        granted = [chat(http, base, signed, {"baggage": grant}).status_code for _ in range(5)]
+        stolen = [chat(http, base, other, {"baggage": grant}).status_code for _ in range(4)]
+        mixed = [chat(http, base, limits_only, {"baggage": plain + ",ragtoll.budget.profile=generous"}).status_code
+                 for _ in range(5)]
+    assert granted == [200] * 5
+    assert stolen == [200, 200, 200, 429]  # signed for another task: the default profile
+    assert mixed == [200, 200, 200, 200, 429]  # the signed raise holds, the profile does not
+    assert [s.attributes[sc.PROFILE] for s in chat_spans(telemetry)][:6] == ["generous"] * 5 + ["small"]
+
+
+# --- 4. charge what was used --------------------------------------------------------------------------
+
+
+class UsageUpstream:
+    """Answers every chat call with `completion` tokens of reported usage; counts its requests."""
+
+    def __init__(self, completion: int) -> None:
+        self.completion = completion
+        self.hits = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            return await serve_lifespan(receive, send)
+        await read_body(receive)
+        self.hits += 1
+        doc = {"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+               "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+               "usage": {"prompt_tokens": 10, "completion_tokens": self.completion,
+                         "total_tokens": 10 + self.completion}}
+        payload = orjson.dumps(doc)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+def test_an_unpriced_model_is_charged_its_reported_usage_at_the_default_price(proxy: ProxyFactory,
+                                                                               telemetry: Telemetry) -> None:
+    with serve_in_thread(UsageUpstream(3000)) as fake:
+        ups = [{"name": "local", "kind": "llm", "api": "openai", "url": fake, "prefix": "/openai"}]
+        with proxy(upstreams=ups, budgets={"default_profile": "p", "profiles": {"p": {"max_cost_usd": 1.0}}}) as base, \
+                httpx.Client() as http:
+            t = task()
+            first = chat(http, base, t, model="my-local-llm")
+            second = chat(http, base, t, model="my-local-llm")
+    assert (first.status_code, second.status_code) == (200, 200)
+    # pricing.default: $2.50/M input, $10/M output -> 10 prompt + 3000 completion tokens = $0.030025
+    spans = chat_spans(telemetry)
+    assert spans[0].attributes[sc.COST_USD] == pytest.approx(0.030025)
+    assert spans[0].attributes[sc.COST_ESTIMATED] is True
+    assert float(remaining(second)["max_cost_usd"]) == pytest.approx(1.0 - 0.030025 - reserved(spans[1]), abs=1e-3)
+
+
+def reserved(span: Any) -> float:
+    charge = next(e for e in span.events if e.name == sc.EVENT_CHARGE)
+    return float(charge.attributes["cost_usd_reserved"])
+
+
+def remaining(resp: httpx.Response) -> dict[str, Any]:
+    d = http_sfv.Dictionary()
+    d.parse(resp.headers["x-ragtoll-budget-remaining"].encode())
+    return {k: v.value for k, v in d.items()}

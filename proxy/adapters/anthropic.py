@@ -29,6 +29,7 @@ from .fields import as_int, as_str, json_text
 class AnthropicAdapter:
     name = "anthropic"
     error_style = "anthropic"
+    reject_status = 429  # the Anthropic SDK honours x-should-retry: false
     reads_body = True
 
     def __init__(self, upstream: UpstreamInfo) -> None:

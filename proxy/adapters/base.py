@@ -47,6 +47,9 @@ class UpstreamInfo(Protocol):
 class Adapter(Protocol):
     name: str
     error_style: str  # "openai" | "anthropic" | "plain": the shape of a local error body
+    # the status of a budget rejection: one this API's common SDKs do not retry (measured in
+    # tests/e2e/test_budget_guards.py); `budgets.reject_status` overrides it for every route
+    reject_status: int
     reads_body: bool  # False: the request body streams through unread
 
     def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call: ...

@@ -49,6 +49,7 @@ def endpoint(method: str, path: str) -> str | None:
 class OpenAIAdapter:
     name = "openai"
     error_style = "openai"
+    reject_status = 429  # the OpenAI SDK honours x-should-retry: false
     reads_body = True
 
     def __init__(self, upstream: UpstreamInfo) -> None:

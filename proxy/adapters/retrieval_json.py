@@ -35,6 +35,7 @@ FIELD_KEYS = frozenset({"query", "vector", "filters", "top_k", "results", "id", 
 class JsonRetrievalAdapter:
     name = "json"
     error_style = "plain"
+    reject_status = 429  # qdrant-client does not retry a 429
     reads_body = True
     stream_end = staticmethod(no_stream_end)
     field_keys: ClassVar[frozenset[str]] = FIELD_KEYS  # config validation rejects other `fields:` keys

@@ -33,6 +33,8 @@ from ..stores.breaker import Breaker
 REMAINING_HEADER = b"x-ragtoll-budget-remaining"
 WARNING_HEADER = b"x-ragtoll-budget-warning"
 WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
+# timers fire at or after the clamped timeout; the wall clock may read a hair earlier than the deadline
+DEADLINE_SLACK_MS = 10
 
 
 class BudgetStage(Stage):
@@ -90,6 +92,8 @@ class BudgetStage(Stage):
         ticket.annotate = functools.partial(self._annotate, ex, sel, notes, decision, charge, now, left, warn,
                                             time.time_ns())
         self._prepare_stream(ex, ticket, decision.ledger, now, quote)
+        if ticket.deadline_ms is not None:
+            ex.timeout_error = functools.partial(self._deadline_exceeded, ex)
         return None
 
     def on_task_end(self, task_id: str) -> None:
@@ -228,13 +232,35 @@ class BudgetStage(Stage):
         used = bm.used_value(dim, d.ledger, charge if dim == "max_prompt_tokens" else None, now)
         if dim == "max_cost_usd":
             used = round(used, 9)
+        return self._rejection(ex, dim, limit, used)
+
+    def _rejection(self, ex: Exchange, dim: str, limit: float, used: float) -> BudgetExceeded:
+        """The refusal, with the status the route's SDKs do not retry (`budgets.reject_status` if set)."""
+        assert ex.ticket is not None
+        profile = ex.ticket.profile
         task_id = ex.task.id if ex.task else ""
         return BudgetExceeded(
-            f"budget exhausted: {dim} limit {limit:g}, used {used:g} (profile {ticket.profile!r}, task {task_id!r}); "
+            f"budget exhausted: {dim} limit {limit:g}, used {used:g} (profile {profile!r}, task {task_id!r}); "
             "this task may not make more calls of this kind",
-            status=self.cfg.reject_status, dimension=dim, limit=limit, used=used, profile=ticket.profile,
-            task_id=task_id,
+            status=self.cfg.reject_status or ex.route.adapter.reject_status, dimension=dim, limit=limit, used=used,
+            profile=profile, task_id=task_id,
         )
+
+    def _deadline_exceeded(self, ex: Exchange) -> BudgetExceeded | None:
+        """When the upstream timeout that `max_latency_ms` cut short expires: the budget's refusal
+        (not a 504 an SDK would retry). None when the deadline has not passed (the upstream's own
+        timeout was shorter)."""
+        ticket, now = ex.ticket, self._wall_ms()
+        if ticket is None or ticket.deadline_ms is None or now < ticket.deadline_ms - DEADLINE_SLACK_MS:
+            return None
+        limit = ticket.limits["max_latency_ms"]
+        used = max(limit, now - (ticket.deadline_ms - limit))
+        self._flush_annotation(ticket)  # the reservation's record first; this refusal amends it
+        if ex.span is not None:
+            ex.span.set_attributes({sc.BUDGET_EXCEEDED: True, sc.BUDGET_EXCEEDED_DIMENSION: "max_latency_ms"})
+            ex.span.add_event(sc.EVENT_EXCEEDED, {"dimension": "max_latency_ms", "limit": limit, "used": used,
+                                                  "mode": "enforce", "would_reject": False})
+        return self._rejection(ex, "max_latency_ms", limit, used)
 
     def _prepare_stream(self, ex: Exchange, ticket: Ticket, ledger: Ledger, now: int, quote: Quote | None) -> None:
         """Allowances for mid-stream enforcement, and the upstream timeout clamped to the deadline."""

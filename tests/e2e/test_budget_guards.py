@@ -7,11 +7,16 @@ import time
 import uuid
 from typing import Any
 
+import anthropic
+import cohere
 import http_sfv
 import httpx
+import openai
 import orjson
 import pytest
-from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
+from conftest import ProxyFactory, Telemetry, Upstream
+from opentelemetry.trace import SpanKind
+from qdrant_client import QdrantClient
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy.core.signing import sign_budget
 from support.asgi import read_body, serve_lifespan
@@ -141,3 +146,81 @@ def remaining(resp: httpx.Response) -> dict[str, Any]:
     d = http_sfv.Dictionary()
     d.parse(resp.headers["x-ragtoll-budget-remaining"].encode())
     return {k: v.value for k, v in d.items()}
+
+
+# --- 7. rejections no SDK retries ---------------------------------------------------------------------
+
+
+def _openai(base: str) -> None:
+    with openai.OpenAI(base_url=f"{base}/openai/v1", api_key="k", default_headers=TASK_HEADER) as client:
+        client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}])
+
+
+def _anthropic(base: str) -> None:
+    with anthropic.Anthropic(base_url=f"{base}/anthropic", api_key="k", default_headers=TASK_HEADER) as client:
+        client.messages.create(model="claude-haiku-4-5", max_tokens=5, messages=[{"role": "user", "content": "q"}])
+
+
+def _cohere_v1(base: str) -> None:
+    with httpx.Client(headers=TASK_HEADER) as http:
+        cohere.Client(api_key="k", base_url=f"{base}/cohere", httpx_client=http).rerank(
+            model="rerank-v3.5", query="q", documents=["a", "b"])
+
+
+def _cohere_v2(base: str) -> None:
+    with httpx.Client(headers=TASK_HEADER) as http:
+        cohere.ClientV2(api_key="k", base_url=f"{base}/cohere", httpx_client=http).rerank(
+            model="rerank-v3.5", query="q", documents=["a", "b"])
+
+
+def _qdrant(base: str) -> None:
+    client = QdrantClient(url=base, prefix="qdrant", check_compatibility=False, metadata=TASK_HEADER)
+    try:
+        client.query_points(collection_name="docs", query=[1.0, 0.0, 0.0], limit=2)
+    finally:
+        client.close()
+
+
+TASK_HEADER = {"x-ragtoll-task-id": "refused-task"}
+SDKS = {"openai": (_openai, 429), "anthropic": (_anthropic, 429), "cohere-v1": (_cohere_v1, 402),
+        "cohere-v2": (_cohere_v2, 402), "qdrant-client": (_qdrant, 429)}
+
+
+@pytest.mark.parametrize("sdk", sorted(SDKS))
+def test_each_sdk_sends_a_refused_call_once(proxy: ProxyFactory, telemetry: Telemetry, sdk: str) -> None:
+    """Each SDK with its default retries: one proxy hit, no upstream hit, the budget error raised."""
+    call, status = SDKS[sdk]
+    upstream = UsageUpstream(1)
+    with serve_in_thread(upstream) as fake:
+        ups = [{"name": "openai", "kind": "llm", "api": "openai", "url": fake, "prefix": "/openai"},
+               {"name": "claude", "kind": "llm", "api": "anthropic", "url": fake, "prefix": "/anthropic"},
+               {"name": "rr", "kind": "rerank", "api": "cohere", "url": fake, "prefix": "/cohere"},
+               {"name": "vectors", "kind": "retrieval", "api": "qdrant", "url": fake, "prefix": "/qdrant"}]
+        with proxy(upstreams=ups, budgets={"default_profile": "p", "profiles": {"p": {"max_calls": 0}}}) as base:
+            with pytest.raises(Exception) as info:  # noqa: PT011 - each SDK has its own error class
+                call(base)
+    hits = [s for s in telemetry.spans() if s.kind == SpanKind.SERVER]
+    assert (len(hits), upstream.hits) == (1, 0)
+    assert hits[0].attributes[sc.HTTP_RESPONSE_STATUS_CODE] == status
+    assert "budget exhausted: max_calls" in str(info.value)
+
+
+def test_a_deadline_that_cuts_the_upstream_timeout_is_the_budget_rejection(proxy: ProxyFactory, upstream: Upstream,
+                                                                         telemetry: Telemetry) -> None:
+    """Not a 504 the OpenAI SDK retries: the slow call reaches the upstream once, then a 429."""
+    budgets = {"default_profile": "p", "profiles": {"p": {"max_latency_ms": 400}}}
+    with proxy(budgets=budgets) as base, \
+            openai.OpenAI(base_url=f"{base}/openai/v1", api_key="k", max_retries=2,
+                          default_headers={"x-ragtoll-task-id": task()}) as client:
+        client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}])
+        with pytest.raises(openai.RateLimitError) as info:
+            client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}],
+                                           extra_headers={"x-test-delay": "3"})
+    assert upstream.app.state.calls[CHAT] == 2
+    assert len([s for s in telemetry.spans() if s.kind == SpanKind.SERVER]) == 2  # the SDK did not retry
+    error = info.value.response.json()["error"]
+    assert (error["code"], error["dimension"], error["limit"]) == ("budget_exceeded", "max_latency_ms", 400)
+    assert error["used"] >= 400
+    slow = chat_spans(telemetry)[1]
+    assert slow.attributes[sc.BUDGET_EXCEEDED_DIMENSION] == "max_latency_ms"
+    assert slow.attributes[sc.BUDGET_EXCEEDED] is True

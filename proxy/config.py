@@ -383,6 +383,9 @@ class BudgetsConfig:
     profiles: Mapping[str, Profile] = DEFAULT_PROFILES
     rules: tuple[ProfileRule, ...] = ()
     reject_status: int | None = None  # None: per adapter (429, or 402 where an SDK retries 429)
+    # a budgeted call whose body cannot be read: refused (400 unreadable_body), or forwarded and
+    # charged its whole reservation; None: reject when the profile enforces, else charge_reservation
+    on_unreadable: Literal["reject", "charge_reservation"] | None = None
     warn_fraction: float = 0.8
     default_max_output_tokens: int = 1024
     hmac_key_env: str = "RAGTOLL_BUDGET_HMAC_KEY"

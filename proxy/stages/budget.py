@@ -12,6 +12,7 @@ degraded (`on_store_error: open`) or answers 503 (`closed`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -25,7 +26,7 @@ from ..core.classifier import classify as _classify
 from ..core.pricing import Prices, Quote, allowed_output
 from ..core.profiles import Profiles
 from ..core.signing import signed_profile, verify_budget_baggage
-from ..errors import BudgetExceeded, StoreUnavailable
+from ..errors import BudgetExceeded, StoreUnavailable, UnreadableBody
 from ..request.exchange import Exchange, Reply, Stage
 from ..stores.base import Decision, Store, TaskMeta
 from ..stores.breaker import Breaker
@@ -62,6 +63,8 @@ class BudgetStage(Stage):
         call = ex.call
         sel = self.profiles.choose(task_id, ex.route.upstream.name, ex.headers, baggage, call.prompt_texts,
                                    call.query, call.user_text)
+        if call.parse_error and not local:
+            self._unreadable(ex, sel.profile)
         # one price quote per call (cost is linear in output): the charge and the stream allowance
         quote = self.prices.quote(ex.route.upstream, call) if self.prices is not None and not local else None
         charge = self._charge(ex, local, quote)
@@ -127,6 +130,24 @@ class BudgetStage(Stage):
         assert task is not None  # on_request returns early for calls without a task
         meta = TaskMeta(sel.profile, sel.cls, ex.route.upstream.name, task.source, f"{task.trace_id:032x}")
         return await self.store.reserve(task.id, meta, limits, charge, now, self._shadow(sel.profile))
+
+    def _unreadable(self, ex: Exchange, profile: str) -> None:
+        """A body the adapter could not read is never forwarded unbudgeted: refused (400
+        unreadable_body), or (`on_unreadable: charge_reservation`) charged as conservatively as it
+        can be: a prompt token per 4 body bytes, the whole output reservation, a new query each."""
+        call, body = ex.call, ex.body or b""
+        mode = self.cfg.on_unreadable or ("charge_reservation" if self._shadow(profile) else "reject")
+        if mode == "reject":
+            if ex.span is not None:  # the span stage, after this one, does not run for a refused call
+                ex.span.set_attribute(sc.PARSE_ERROR, (call.parse_error or "")[:300])
+            raise UnreadableBody(
+                f"the request body could not be read, so it cannot be budgeted ({call.parse_error}); send JSON "
+                "(UTF-8, -16 or -32), or let budgets.on_unreadable: charge_reservation forward it at its reservation",
+                reason=(call.parse_error or "")[:300])
+        if call.prompt_tokens is None:
+            call.prompt_tokens = len(body) // 4 + 1
+        if call.operation == "retrieval" and call.query_key is None:
+            call.query_key = "unreadable:" + hashlib.sha256(body).hexdigest()[:32]
 
     def _charge(self, ex: Exchange, cache_hit: bool, quote: Quote | None) -> Charge:
         call, up = ex.call, ex.route.upstream
@@ -390,10 +411,11 @@ class BudgetStage(Stage):
             return Actual()
         u = obs.usage
         context = u.input_tokens if u and u.input_tokens is not None else res.context_tokens
-        unread = obs.unread is not None and not (u and u.output_tokens is not None)
+        # ragtoll stopped reading the answer (inspection.Inspector) or could not read the request
+        unread = (obs.unread is not None or bool(call.parse_error)) and not (u and u.output_tokens is not None)
         if u and u.output_tokens is not None:
             completion = u.output_tokens
-        elif unread:  # ragtoll stopped reading (inspection.Inspector): the whole reservation, at least
+        elif unread:  # the whole reservation, at least
             completion = max(res.completion_tokens, obs.output_tokens_seen)
         elif call.stream:
             completion = obs.output_tokens_seen

@@ -3,8 +3,11 @@ unpriced models charged what they used, any JSON encoding read, rejections no SD
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -196,9 +199,9 @@ def test_each_sdk_sends_a_refused_call_once(proxy: ProxyFactory, telemetry: Tele
                {"name": "claude", "kind": "llm", "api": "anthropic", "url": fake, "prefix": "/anthropic"},
                {"name": "rr", "kind": "rerank", "api": "cohere", "url": fake, "prefix": "/cohere"},
                {"name": "vectors", "kind": "retrieval", "api": "qdrant", "url": fake, "prefix": "/qdrant"}]
-        with proxy(upstreams=ups, budgets={"default_profile": "p", "profiles": {"p": {"max_calls": 0}}}) as base:
-            with pytest.raises(Exception) as info:  # noqa: PT011 - each SDK has its own error class
-                call(base)
+        with proxy(upstreams=ups, budgets={"default_profile": "p", "profiles": {"p": {"max_calls": 0}}}) as base, \
+                pytest.raises(Exception) as info:  # each SDK has its own error class
+            call(base)
     hits = [s for s in telemetry.spans() if s.kind == SpanKind.SERVER]
     assert (len(hits), upstream.hits) == (1, 0)
     assert hits[0].attributes[sc.HTTP_RESPONSE_STATUS_CODE] == status
@@ -224,3 +227,128 @@ def test_a_deadline_that_cuts_the_upstream_timeout_is_the_budget_rejection(proxy
     slow = chat_spans(telemetry)[1]
     assert slow.attributes[sc.BUDGET_EXCEEDED_DIMENSION] == "max_latency_ms"
     assert slow.attributes[sc.BUDGET_EXCEEDED] is True
+
+
+# --- 5. parse parity ----------------------------------------------------------------------------------
+
+
+ENCODINGS = ["utf-8-sig", "utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-be"]
+
+
+class AnyJsonUpstream:
+    """Reads JSON as Python's json module does (any RFC 8259/4627 encoding) and answers in
+    `answer_encoding`: chat (whole, or streamed `words` SSE events) and `/search`. Counts its hits."""
+
+    def __init__(self, answer_encoding: str = "utf-8", words: int = 400) -> None:
+        self.answer_encoding = answer_encoding
+        self.words = words
+        self.hits = 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            return await serve_lifespan(receive, send)
+        self.send_ = send
+        try:
+            doc = json.loads(await read_body(receive))
+        except ValueError:
+            doc = {}  # a lenient upstream: answers what it cannot read as a chat call
+        self.hits += 1
+        if scope["path"].endswith("/search"):
+            results = [{"id": f"{doc['query']}-{i}", "text": "x", "score": 0.5} for i in range(2)]
+            return await self._send({"results": results})
+        if doc.get("stream"):
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+            for _ in range(self.words):
+                chunk = {"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "gpt-4o-mini",
+                         "choices": [{"index": 0, "delta": {"content": " word"}, "finish_reason": None}]}
+                await send({"type": "http.response.body", "body": b"data: " + orjson.dumps(chunk) + b"\n\n",
+                            "more_body": True})
+            return await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+        usage = {"prompt_tokens": 10, "completion_tokens": 700, "total_tokens": 710}
+        return await self._send({"id": "c", "object": "chat.completion", "created": 0, "model": "gpt-4o-mini",
+                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                              "finish_reason": "stop"}], "usage": usage})
+
+    async def _send(self, doc: Any) -> None:
+        payload = json.dumps(doc).encode(self.answer_encoding)
+        await self.send_({"type": "http.response.start", "status": 200,
+                          "headers": [(b"content-type", b"application/json")]})
+        await self.send_({"type": "http.response.body", "body": payload})
+
+
+def post_json(http: httpx.Client, url: str, doc: Any, encoding: str, task_id: str) -> httpx.Response:
+    return http.post(url, content=json.dumps(doc).encode(encoding),
+                     headers={"content-type": "application/json", "x-ragtoll-task-id": task_id})
+
+
+@contextlib.contextmanager
+def served(proxy: ProxyFactory, fake: AnyJsonUpstream, budgets: dict[str, Any]) -> Iterator[str]:
+    with serve_in_thread(fake) as url:
+        ups = [{"name": "openai", "kind": "llm", "api": "openai", "url": url, "prefix": "/openai"},
+               {"name": "docs", "kind": "retrieval", "api": "json", "url": url, "prefix": "/docs"}]
+        with proxy(upstreams=ups, budgets=budgets, cache={"enabled": False}) as base:
+            yield base
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_bodies_in_any_json_encoding_are_budgeted(proxy: ProxyFactory, encoding: str) -> None:
+    fake = AnyJsonUpstream()
+    prompt = "word " * 5000
+    limits = {"max_prompt_tokens": 200, "max_unique_queries": 5}
+    with served(proxy, fake, {"default_profile": "p", "profiles": {"p": limits}}) as base, httpx.Client() as http:
+        big = post_json(http, f"{base}/openai{CHAT}",
+                        {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": prompt}]}, encoding, task())
+        t = task()
+        searches = [post_json(http, f"{base}/docs/search", {"query": f"question {i}"}, encoding, t).status_code
+                    for i in range(10)]
+    assert big.status_code == 429 and big.json()["error"]["dimension"] == "max_prompt_tokens"
+    assert searches == [200] * 5 + [429] * 5
+    assert fake.hits == 5
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16"])
+def test_a_stream_asked_for_in_any_encoding_is_cut(proxy: ProxyFactory, encoding: str) -> None:
+    fake = AnyJsonUpstream(words=400)
+    doc = {"model": "gpt-4o-mini", "stream": True, "messages": [{"role": "user", "content": "go on"}]}
+    cfg = {"default_profile": "p", "profiles": {"p": {"max_completion_tokens": 50}}}
+    with served(proxy, fake, cfg) as base, httpx.Client() as http:
+        raw = post_json(http, f"{base}/openai{CHAT}", doc, encoding, task()).content
+    events = [e for e in raw.split(b"\n\n") if e]
+    assert events[-1] == b"data: [DONE]"
+    assert orjson.loads(events[-2][6:])["choices"][0]["finish_reason"] == "length"
+    assert len(events) < 100  # cut near 50 tokens, not the 400 words sent
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16-le", "utf-32-be"])
+def test_an_upstream_answer_in_any_json_encoding_is_read(proxy: ProxyFactory, telemetry: Telemetry,
+                                                         encoding: str) -> None:
+    fake = AnyJsonUpstream(answer_encoding=encoding)
+    cfg = {"default_profile": "p", "profiles": {"p": {"max_completion_tokens": 10_000}}}
+    with served(proxy, fake, cfg) as base, httpx.Client() as http:
+        t = task()
+        post_json(http, f"{base}/openai{CHAT}", {"model": "gpt-4o-mini", "messages": []}, "utf-8", t)
+        after = post_json(http, f"{base}/openai{CHAT}", {"model": "gpt-4o-mini", "messages": []}, "utf-8", t)
+    span = chat_spans(telemetry)[0]
+    assert sc.PARSE_ERROR not in span.attributes
+    assert span.attributes[sc.GEN_AI_USAGE_OUTPUT_TOKENS] == 700
+    assert remaining(after)["max_completion_tokens"] == 10_000 - 700 - 1024  # settled 700, 1024 reserved
+
+
+def test_an_unreadable_body_is_refused_or_charged_its_reservation(proxy: ProxyFactory, telemetry: Telemetry) -> None:
+    fake = AnyJsonUpstream()
+    garbage = b'{"model": "gpt-4o-mini", "messages": [' + "é".encode("latin-1") + b"]}"
+    cfg = {"default_profile": "p", "profiles": {"p": {"max_steps": 5, "max_completion_tokens": 3000}}}
+    with served(proxy, fake, cfg) as base, httpx.Client() as http:
+        refused = http.post(f"{base}/openai{CHAT}", content=garbage, headers={"x-ragtoll-task-id": task()})
+    assert refused.status_code == 400 and fake.hits == 0
+    error = refused.json()["error"]
+    assert error["code"] == "unreadable_body" and "not JSON" in error["reason"]
+    with served(proxy, fake, {**cfg, "on_unreadable": "charge_reservation"}) as base, httpx.Client() as http:
+        t = task()
+        charged = [http.post(f"{base}/openai{CHAT}", content=garbage, headers={"x-ragtoll-task-id": t})
+                   for _ in range(3)]
+    # forwarded, each reserving its 1024 default output tokens; the upstream's usage (700) settles
+    assert [r.status_code for r in charged] == [200, 200, 200] and fake.hits == 3
+    assert [remaining(r)["max_completion_tokens"] for r in charged] == [3000 - 1024, 3000 - 700 - 1024,
+                                                                         3000 - 1400 - 1024]
+    assert sc.PARSE_ERROR in chat_spans(telemetry)[-1].attributes

@@ -25,16 +25,18 @@ class Profiles:
         self.cfg = cfg
         self._classify = classify if cfg.classes else None
         self._signed = signed or (lambda baggage, task_id: False)
-        self._chosen: OrderedDict[str, Selection] = OrderedDict()
+        # task id -> (its selection, the baggage profile refused for it, if any: not re-tried per call)
+        self._chosen: OrderedDict[str, tuple[Selection, str | None]] = OrderedDict()
 
     def choose(self, task_id: str, route: str, headers: Mapping[str, str], baggage: Mapping[str, str],
                prompt_texts: list[str], query: str | None, user_text: str | None) -> Selection:
         """The task's profile: the one chosen for it before, unless baggage now names another one
         (which the store checks against the task's recorded profile)."""
-        sel = self._chosen.get(task_id)
-        if sel is None or (baggage.get(BAGGAGE_PROFILE) not in (None, sel.profile) and sel.source != "task"):
+        sel, refused = self._chosen.get(task_id) or (None, None)
+        asked = baggage.get(BAGGAGE_PROFILE)
+        if sel is None or (asked not in (None, sel.profile, refused) and sel.source != "task"):
             sel = self._select(task_id, route, headers, baggage, first_query(prompt_texts, query, user_text))
-            self.remember(task_id, sel)
+            self._remember(task_id, sel, asked if asked is not None and sel.profile != asked else None)
         else:
             self._chosen.move_to_end(task_id)
         return sel
@@ -60,7 +62,10 @@ class Profiles:
                          (*sel.notes, *otherwise.notes, note))
 
     def remember(self, task_id: str, sel: Selection) -> None:
-        self._chosen[task_id] = sel
+        self._remember(task_id, sel, None)
+
+    def _remember(self, task_id: str, sel: Selection, refused: str | None) -> None:
+        self._chosen[task_id] = (sel, refused)
         while len(self._chosen) > MAX_REMEMBERED:
             self._chosen.popitem(last=False)
 

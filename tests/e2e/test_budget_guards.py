@@ -34,6 +34,12 @@ TIERS = {"default_profile": "small",
                       "unbounded_cost": {"max_steps": 2}}}
 
 
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> str:
+    """The budget store for tests whose ledger lives in it: in-process, and a real Redis."""
+    return "memory" if request.param == "memory" else str(request.getfixturevalue("redis_url"))
+
+
 def task() -> str:
     return f"t-{uuid.uuid4().hex[:12]}"
 
@@ -52,9 +58,9 @@ def chat_spans(telemetry: Telemetry) -> list[Any]:
 
 
 def test_unsigned_baggage_cannot_pick_a_more_generous_profile(proxy: ProxyFactory, upstream: Upstream,
-                                                              telemetry: Telemetry) -> None:
+                                                              telemetry: Telemetry, store: str) -> None:
     generous, missing_limit = task(), task()
-    with proxy(budgets=TIERS) as base, httpx.Client() as http:
+    with proxy(budgets=TIERS, store=store) as base, httpx.Client() as http:
         codes = [chat(http, base, generous, {"baggage": "ragtoll.budget.profile=generous"}).status_code
                  for _ in range(5)]
         # no cost limit at all is more generous than $1, though it allows fewer steps
@@ -124,11 +130,11 @@ class UsageUpstream:
 
 
 def test_an_unpriced_model_is_charged_its_reported_usage_at_the_default_price(proxy: ProxyFactory,
-                                                                               telemetry: Telemetry) -> None:
+                                                                               telemetry: Telemetry, store: str) -> None:
     with serve_in_thread(UsageUpstream(3000)) as fake:
         ups = [{"name": "local", "kind": "llm", "api": "openai", "url": fake, "prefix": "/openai"}]
-        with proxy(upstreams=ups, budgets={"default_profile": "p", "profiles": {"p": {"max_cost_usd": 1.0}}}) as base, \
-                httpx.Client() as http:
+        cfg = {"default_profile": "p", "profiles": {"p": {"max_cost_usd": 1.0}}}
+        with proxy(upstreams=ups, budgets=cfg, store=store) as base, httpx.Client() as http:
             t = task()
             first = chat(http, base, t, model="my-local-llm")
             second = chat(http, base, t, model="my-local-llm")
@@ -282,20 +288,22 @@ def post_json(http: httpx.Client, url: str, doc: Any, encoding: str, task_id: st
 
 
 @contextlib.contextmanager
-def served(proxy: ProxyFactory, fake: AnyJsonUpstream, budgets: dict[str, Any]) -> Iterator[str]:
+def served(proxy: ProxyFactory, fake: AnyJsonUpstream, budgets: dict[str, Any], store: str = "memory",
+           ) -> Iterator[str]:
     with serve_in_thread(fake) as url:
         ups = [{"name": "openai", "kind": "llm", "api": "openai", "url": url, "prefix": "/openai"},
                {"name": "docs", "kind": "retrieval", "api": "json", "url": url, "prefix": "/docs"}]
-        with proxy(upstreams=ups, budgets=budgets, cache={"enabled": False}) as base:
+        with proxy(upstreams=ups, budgets=budgets, cache={"enabled": False}, store=store) as base:
             yield base
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
-def test_bodies_in_any_json_encoding_are_budgeted(proxy: ProxyFactory, encoding: str) -> None:
+def test_bodies_in_any_json_encoding_are_budgeted(proxy: ProxyFactory, encoding: str, store: str) -> None:
     fake = AnyJsonUpstream()
     prompt = "word " * 5000
     limits = {"max_prompt_tokens": 200, "max_unique_queries": 5}
-    with served(proxy, fake, {"default_profile": "p", "profiles": {"p": limits}}) as base, httpx.Client() as http:
+    with served(proxy, fake, {"default_profile": "p", "profiles": {"p": limits}}, store) as base, \
+            httpx.Client() as http:
         big = post_json(http, f"{base}/openai{CHAT}",
                         {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": prompt}]}, encoding, task())
         t = task()

@@ -143,6 +143,7 @@ def test_an_unpriced_model_is_charged_its_reported_usage_at_the_default_price(pr
     spans = chat_spans(telemetry)
     assert spans[0].attributes[sc.COST_USD] == pytest.approx(0.030025)
     assert spans[0].attributes[sc.COST_ESTIMATED] is True
+    assert reserved(spans[1]) == pytest.approx(1024 * 10 / 1e6, abs=1e-4)  # 1,024 default output tokens at $10/M
     assert float(remaining(second)["max_cost_usd"]) == pytest.approx(1.0 - 0.030025 - reserved(spans[1]), abs=1e-3)
 
 

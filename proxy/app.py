@@ -64,7 +64,8 @@ def build_stages(settings: Settings, *, stores: Stores, cache: CacheStage | None
         stages.append(BudgetStage(settings, stores.budget, hmac_key=budget_hmac_key(settings, env)))
     stages.append(EvidenceStage())
     stages.append(SpanStage(settings))
-    stages.append(OutcomeStage(ender.record_outcome, settings.store_timeout_ms / 1000))
+    stages.append(OutcomeStage(ender.record_outcome, settings.store_timeout_ms / 1000,
+                               hmac_key=budget_hmac_key(settings, env)))
     return stages
 
 

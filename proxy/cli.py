@@ -1,4 +1,4 @@
-"""`ragtoll serve | check-config | sign-budget | principal-id | ...`: the command line.
+"""`ragtoll serve | check-config | sign-budget | sign-outcome | principal-id | ...`: the command line.
 
 Config errors exit with status 2 and one line naming the key, the value and what is valid.
 """
@@ -28,11 +28,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     sign.add_argument("--key-env", default="RAGTOLL_BUDGET_HMAC_KEY", help="variable holding the HMAC key")
     sign.add_argument("--key-file", help="file holding the HMAC key (instead of --key-env)")
     sign.add_argument("--ttl", type=int, default=3600, help="seconds until the signature expires")
-    sign.add_argument("limits", nargs="+", metavar="DIMENSION=VALUE", help="e.g. max_steps=40 max_cost_usd=0.5")
+    sign.add_argument("--profile", help="also grant this profile (baggage ragtoll.budget.profile), even a more generous one")
+    sign.add_argument("limits", nargs="*", metavar="DIMENSION=VALUE", help="e.g. max_steps=40 max_cost_usd=0.5")
+    verdict = sub.add_parser("sign-outcome", help="print signed baggage recording a task's verdict")
+    verdict.add_argument("--task-id", required=True)
+    verdict.add_argument("--key-env", default="RAGTOLL_BUDGET_HMAC_KEY", help="variable holding the HMAC key")
+    verdict.add_argument("--key-file", help="file holding the HMAC key (instead of --key-env)")
+    verdict.add_argument("verdict", choices=("correct", "incorrect"))
     _add_principal_command(sub)
     _add_evaluation_commands(sub)
     args = parser.parse_args(argv)
-    if args.command == "sign-budget":
+    if args.command in ("sign-budget", "sign-outcome"):
         return _sign(args)
     if args.command == "principal-id":
         return _principal_id(args)
@@ -84,20 +90,23 @@ def _cache_summary(settings: Any) -> list[str]:
 def _sign(args: argparse.Namespace) -> int:
     import time
 
-    from .core.signing import sign_budget
+    from .core.signing import sign_budget, sign_outcome
     from .secrets import hmac_key
 
     try:
         key = hmac_key(os.environ, None if args.key_file else args.key_env, args.key_file)
         if key is None:
             raise ConfigError(f"no HMAC key: set {args.key_env} or pass --key-file")
+        if args.command == "sign-outcome":
+            print(sign_outcome(args.task_id, args.verdict == "correct", key))
+            return 0
         limits = {}
         for item in args.limits:
             name, sep, value = item.partition("=")
             if not sep:
                 raise ConfigError(f"limit {item!r} is not DIMENSION=VALUE (e.g. max_steps=40)")
             limits[name] = float(value)
-        print(sign_budget(args.task_id, limits, key, time.time() + args.ttl))
+        print(sign_budget(args.task_id, limits, key, time.time() + args.ttl, profile=args.profile))
     except (ConfigError, ValueError) as exc:
         print(f"ragtoll: {exc}", file=sys.stderr)
         return 2

@@ -394,7 +394,10 @@ class BudgetsConfig:
     classes: Mapping[str, str] = EMPTY  # query class -> profile
     profiles: Mapping[str, Profile] = DEFAULT_PROFILES
     rules: tuple[ProfileRule, ...] = ()
-    reject_status: int = 429
+    reject_status: int | None = None  # None: per adapter (429, or 402 where an SDK retries 429)
+    # a budgeted call whose body cannot be read: refused (400 unreadable_body), or forwarded and
+    # charged its whole reservation; None: reject when the profile enforces, else charge_reservation
+    on_unreadable: Literal["reject", "charge_reservation"] | None = None
     warn_fraction: float = 0.8
     default_max_output_tokens: int = 1024
     hmac_key_env: str = "RAGTOLL_BUDGET_HMAC_KEY"
@@ -421,7 +424,7 @@ class BudgetsConfig:
             rule.validate(f"{where}.rules[{i}]")
         for name, profile in self.profiles.items():
             profile.validate(f"{where}.profiles.{name}")
-        if not 400 <= self.reject_status <= 599:
+        if self.reject_status is not None and not 400 <= self.reject_status <= 599:
             _bad(f"{where}.reject_status", self.reject_status, "an HTTP error status between 400 and 599")
         if not 0 < self.warn_fraction <= 1:
             _bad(f"{where}.warn_fraction", self.warn_fraction, "a fraction in (0, 1]")

@@ -8,6 +8,7 @@
      │    ├── TaskRequired           untracked call while `tasks.untracked: reject` (400)
      │    ├── NotFound               no configured route for the path (404)
      │    ├── BadRequest             a request ragtoll will not forward as it is (400)
+     │    │    └── UnreadableBody     a budgeted call whose body ragtoll cannot read (400)
      │    ├── RequestTimeout         the body did not arrive within `server.body_timeout_s` (408)
      │    └── BodyTooLarge           request body above `server.max_body_bytes` (413)
      ├── UpstreamError               the upstream exchange failed
@@ -85,6 +86,13 @@ class NotFound(Rejected):
 class BadRequest(Rejected):
     status = 400
     code = "bad_request"
+
+
+class UnreadableBody(BadRequest):
+    """A budgeted call's body could not be read, so it could not be budgeted
+    (`budgets.on_unreadable: reject`); `reason` says why."""
+
+    code = "unreadable_body"
 
 
 class RequestTimeout(Rejected):

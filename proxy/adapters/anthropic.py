@@ -30,6 +30,7 @@ from .fields import as_int, as_str, json_text
 class AnthropicAdapter:
     name = "anthropic"
     error_style = "anthropic"
+    reject_status = 429  # the Anthropic SDK honours x-should-retry: false
     reads_body = True
 
     empty_result = staticmethod(no_empty_result)

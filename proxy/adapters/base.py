@@ -6,9 +6,10 @@ never raise on malformed input: they record `parse_error` and let the bytes thro
 
 from __future__ import annotations
 
+import json
 import struct
 from collections.abc import Callable, Iterator, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 
@@ -17,6 +18,27 @@ from ..model import Call, Observation
 
 # Non-streamed response bodies are copied for parsing up to this size; larger ones pass unparsed.
 MAX_PARSE_BYTES = 8 * 1024 * 1024
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+def loads(raw: bytes | str) -> Any:
+    """JSON in any encoding a standard JSON server reads: UTF-8 with or without a byte order mark,
+    UTF-16 and UTF-32, little or big endian, told apart as RFC 4627 section 3 and Python's
+    `json.detect_encoding` do. Plain UTF-8 takes orjson's path alone; the others are decoded first.
+    Raises orjson.JSONDecodeError (a ValueError) for anything else."""
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        if isinstance(raw, str):
+            raise
+        encoding = json.detect_encoding(raw)
+        if encoding == "utf-8":
+            raise
+    try:
+        text = raw.decode(encoding)
+    except UnicodeDecodeError as exc:
+        raise orjson.JSONDecodeError(f"not valid {encoding}: {exc.reason}", "", exc.start) from None
+    return orjson.loads(text)
 
 
 class Observer(Protocol):
@@ -47,6 +69,9 @@ class UpstreamInfo(Protocol):
 class Adapter(Protocol):
     name: str
     error_style: str  # "openai" | "anthropic" | "plain": the shape of a local error body
+    # the status of a budget rejection: one this API's common SDKs do not retry (measured in
+    # tests/e2e/test_budget_guards.py); `budgets.reject_status` overrides it for every route
+    reject_status: int
     reads_body: bool  # False: the request body streams through unread
 
     def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call: ...
@@ -116,7 +141,7 @@ class BufferedJsonObserver:
             self.observation.parse_error = f"response larger than {MAX_PARSE_BYTES} bytes; not parsed"
             return
         try:
-            doc = orjson.loads(b"".join(self._parts))
+            doc = loads(b"".join(self._parts))
         except orjson.JSONDecodeError as exc:
             self.observation.parse_error = f"response is not JSON: {exc}"
             return
@@ -146,10 +171,15 @@ class SseReader:
         self._buf = bytearray()
         # Per separator, where to search next: no separator of that kind starts before it.
         self._from = [0, 0, 0]
+        self._bom_checked = False
 
     def events(self, chunk: bytes) -> Iterator[tuple[str, str]]:
         buf = self._buf
         buf += chunk
+        if not self._bom_checked and (len(buf) >= len(UTF8_BOM) or not UTF8_BOM.startswith(bytes(buf))):
+            self._bom_checked = True  # the SSE standard drops one leading UTF-8 BOM
+            if buf.startswith(UTF8_BOM):
+                del buf[:len(UTF8_BOM)]
         start = 0
         while True:
             cut, width = -1, 0
@@ -181,7 +211,7 @@ def json_body(body: bytes) -> tuple[dict[str, object] | None, str | None]:
     if not body:
         return None, "empty body"
     try:
-        doc = orjson.loads(body)
+        doc = loads(body)
     except orjson.JSONDecodeError as exc:
         return None, f"request is not JSON: {exc}"
     if not isinstance(doc, dict):

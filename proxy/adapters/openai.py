@@ -50,6 +50,7 @@ def endpoint(method: str, path: str) -> str | None:
 class OpenAIAdapter:
     name = "openai"
     error_style = "openai"
+    reject_status = 429  # the OpenAI SDK honours x-should-retry: false
     reads_body = True
 
     empty_result = staticmethod(no_empty_result)

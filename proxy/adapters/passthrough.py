@@ -13,6 +13,7 @@ _OPERATION = {"llm": "chat", "embeddings": "embeddings", "retrieval": "retrieval
 class PassthroughAdapter:
     name = "passthrough"
     error_style = "plain"
+    reject_status = 429  # clients unknown: the usual status, with x-should-retry: false
     reads_body = False
     stream_end = staticmethod(no_stream_end)
     finish = staticmethod(no_finish)

@@ -38,6 +38,7 @@ def _doc_text(d: Any) -> str:
 
 class _RerankAdapter:
     error_style = "plain"
+    reject_status = 429  # TEI clients: the usual status, with x-should-retry: false
     reads_body = True
     stream_end = staticmethod(no_stream_end)
     finish = staticmethod(no_finish)
@@ -78,6 +79,7 @@ class _RerankAdapter:
 
 class CohereRerankAdapter(_RerankAdapter):
     name = "cohere"
+    reject_status = 402  # the Cohere SDK retries 429 (and 408, 409, 5xx) whatever the headers say
 
 
 class TeiRerankAdapter(_RerankAdapter):

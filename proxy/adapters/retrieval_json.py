@@ -38,6 +38,7 @@ FIELD_KEYS = frozenset({"query", "vector", "filters", "top_k", "results", "id", 
 class JsonRetrievalAdapter:
     name = "json"
     error_style = "plain"
+    reject_status = 429  # qdrant-client does not retry a 429
     reads_body = True
     stream_end = staticmethod(no_stream_end)
     finish = staticmethod(no_finish)

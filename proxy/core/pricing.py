@@ -2,7 +2,8 @@
 
 The default table (proxy/data/prices.json, dated) holds list prices of widely used public models;
 config `pricing:` entries override or extend it by model name or by upstream (route) name, and
-the reserved entry `default` is the fallback for anything unpriced (the cost is then `known=False`).
+the reserved entry `default` is the fallback for anything unpriced (the cost is then `known=False`
+and `priced=False`: an estimate, which still prices the upstream's reported usage).
 Pure: the table is read once at construction.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -26,7 +27,9 @@ _PROVIDER_PREFIXES = ("openai/", "anthropic/", "azure/", "cohere/")
 @dataclass(frozen=True)
 class Cost:
     usd: float
-    known: bool  # False: no price for this model / route, the fallback price was used
+    known: bool  # False: the fallback price was used, or the tokens could not be read
+    priced: bool = field(default=True, compare=False)  # False: no price for this model / route (fallback)
+    measured: bool = field(default=True, compare=False)  # False: the tokens could not be read
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,7 @@ class Quote:
     base_usd: float  # prompt tokens at the input price, plus any per-call price
     per_output_usd: float
     known: bool
+    priced: bool = True  # False: the fallback price (`pricing.default`) was used
 
     def usd(self, output_tokens: int) -> float:
         return self.base_usd + output_tokens * self.per_output_usd
@@ -106,15 +110,16 @@ class Prices:
     def estimate(self, upstream: UpstreamConfig, call: Call, default_max_output_tokens: int) -> Cost:
         """Before forwarding: prompt tokens x input price + allowed output x output price + per call."""
         quote = self.quote(upstream, call)
-        return Cost(quote.usd(allowed_output(call, default_max_output_tokens)), quote.known)
+        return Cost(quote.usd(allowed_output(call, default_max_output_tokens)), quote.known, quote.priced)
 
     def quote(self, upstream: UpstreamConfig, call: Call) -> Quote:
         """The call's prices before forwarding (prompt tokens as counted; no cached-input discount)."""
-        per_call, tok, known = self._rates(upstream, call)
+        per_call, tok, priced = self._rates(upstream, call)
         if tok is None:
-            return Quote(per_call, 0.0, known)
+            return Quote(per_call, 0.0, priced, priced)
         base = (call.prompt_tokens or 0) * (tok.input_per_mtok or 0.0) / 1e6
-        return Quote(base + per_call, (tok.output_per_mtok or 0.0) / 1e6, known and call.prompt_tokens is not None)
+        return Quote(base + per_call, (tok.output_per_mtok or 0.0) / 1e6, priced and call.prompt_tokens is not None,
+                     priced)
 
     def actual(self, upstream: UpstreamConfig, call: Call, obs: Observation) -> Cost:
         """After the response: the upstream's usage; missing pieces from what was counted or reserved."""
@@ -132,20 +137,21 @@ class Prices:
         return self._cost(upstream, call, inp, cached, out)
 
     def _cost(self, upstream: UpstreamConfig, call: Call, inp: int | None, cached: int, out: int | None) -> Cost:
-        per_call, tok, known = self._rates(upstream, call)
-        usd = per_call
+        per_call, tok, priced = self._rates(upstream, call)
+        usd, measured = per_call, True
         if tok is not None:
             if inp is None or out is None:
-                known = False  # tokens could not be read: priced with what we have
+                measured = False  # tokens could not be read: priced with what we have
             inp, out = inp or 0, out or 0
             cached = min(cached, inp)
             in_price = tok.input_per_mtok or 0.0
             cached_price = tok.cached_input_per_mtok if tok.cached_input_per_mtok is not None else in_price
             usd += ((inp - cached) * in_price + cached * cached_price + out * (tok.output_per_mtok or 0.0)) / 1e6
-        return Cost(usd=usd, known=known)
+        return Cost(usd=usd, known=priced and measured, priced=priced, measured=measured)
 
     def _rates(self, upstream: UpstreamConfig, call: Call) -> tuple[float, PriceEntry | None, bool]:
-        """(per-call price, the entry pricing tokens or None, known) for this call."""
+        """(per-call price, the entry pricing tokens or None, priced) for this call; priced is False
+        when the fallback (`pricing.default`) stood in."""
         model, route = self._price(upstream, call)
         per_call = next((e.per_call for e in (route, model) if e is not None and e.per_call is not None), None)
         tok, known = None, True

@@ -1,4 +1,6 @@
-"""Budget baggage: unsigned limits that may only lower, HMAC-SHA256 signed limits that may raise.
+"""Budget baggage: unsigned limits that may only lower, HMAC-SHA256 signed limits that may raise,
+a signed profile choice (`ragtoll.budget.profile` covered by the signature), and signed task
+verdicts (`ragtoll.outcome`).
 
 Pure core (`sign_budget`, `verify_budget_baggage`, `requested_limits`) works on the decoded W3C
 baggage members. Pure: the key is given (ragtoll.proxy.secrets reads it).
@@ -17,12 +19,17 @@ from collections.abc import Mapping
 from ..config import DIMENSIONS
 
 PREFIX = "ragtoll.budget."
+PROFILE_KEY = PREFIX + "profile"
 SIG_KEY = PREFIX + "sig"
 EXP_KEY = PREFIX + "exp"
 # Members under the prefix that are not limits: the signature pair, and profile selection
 # (read by the budget stage, not here).
-RESERVED = frozenset({SIG_KEY, EXP_KEY, PREFIX + "profile"})
+RESERVED = frozenset({SIG_KEY, EXP_KEY, PROFILE_KEY})
 CANONICAL_VERSION = "ragtoll-budget-v1"
+OUTCOME_KEY = "ragtoll.outcome"
+OUTCOME_SIG_KEY = OUTCOME_KEY + ".sig"
+OUTCOME_VERSION = "ragtoll-outcome-v1"
+_VERDICTS = {"correct": True, "true": True, "incorrect": False, "false": False}
 MAX_VALUE = 1e12  # far above any sane limit, far below where float integers lose precision
 MAX_VALUE_CHARS = 32
 MIN_KEY_BYTES = 16
@@ -31,22 +38,29 @@ FRACTIONAL = frozenset({"max_cost_usd"})
 
 _NUMBER = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$")
 _EXP = re.compile(r"^\d{1,12}$")
+_PROFILE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # a baggage value needing no percent-encoding
 _SIG = re.compile(r"^[A-Za-z0-9_-]{43}={0,1}$")  # 32 bytes, base64url, padding optional
 
 
-def canonical(task_id: str, limits: Mapping[str, float], expires_at: int) -> bytes:
+def canonical(task_id: str, limits: Mapping[str, float], expires_at: int, profile: str | None = None) -> bytes:
     """The signed string: version, task id (length-prefixed, so no separator can be forged inside
-    it), expiry in unix seconds, then `dimension=value` pairs sorted by dimension."""
+    it), expiry in unix seconds, then `dimension=value` pairs sorted by dimension, then (only when
+    a profile is signed) the profile name, length-prefixed. Without a profile the string is the
+    one earlier releases signed, so their signatures still verify."""
     task = task_id.encode("utf-8", "surrogatepass")
     pairs = ";".join(f"{d}={_format(limits[d])}" for d in sorted(limits))
-    return b"\n".join(
-        (CANONICAL_VERSION.encode(), b"%d:%s" % (len(task), task), str(expires_at).encode(), pairs.encode())
-    )
+    parts = [CANONICAL_VERSION.encode(), b"%d:%s" % (len(task), task), str(expires_at).encode(), pairs.encode()]
+    if profile is not None:
+        name = profile.encode("utf-8", "surrogatepass")
+        parts.append(b"profile %d:%s" % (len(name), name))
+    return b"\n".join(parts)
 
 
-def sign_budget(task_id: str, limits: Mapping[str, float], key: bytes, expires_at: float) -> str:
-    """Baggage members granting `limits` to `task_id` until `expires_at` (unix seconds), e.g.
-    `ragtoll.budget.max_steps=20,ragtoll.budget.exp=1790000000,ragtoll.budget.sig=...`.
+def sign_budget(task_id: str, limits: Mapping[str, float], key: bytes, expires_at: float,
+                profile: str | None = None) -> str:
+    """Baggage members granting `limits` (and, when given, `profile`) to `task_id` until
+    `expires_at` (unix seconds), e.g. `ragtoll.budget.max_steps=20,ragtoll.budget.exp=1790000000,
+    ragtoll.budget.sig=...`.
 
     For operators: append the result to the agent's `baggage` header. Raises ValueError on
     unknown dimensions, bad values, a non-finite expiry or a key shorter than MIN_KEY_BYTES.
@@ -55,8 +69,10 @@ def sign_budget(task_id: str, limits: Mapping[str, float], key: bytes, expires_a
         raise ValueError(f"HMAC key must be at least {MIN_KEY_BYTES} bytes")
     if not task_id:
         raise ValueError("task id must not be empty")
-    if not limits:
-        raise ValueError("no limits to sign")
+    if profile is not None and not _PROFILE.match(profile):
+        raise ValueError(f"profile {profile!r}: expected letters, digits, '_', '-' or '.' (at most 64)")
+    if not limits and profile is None:
+        raise ValueError("no limits (or profile) to sign")
     if not (_is_number(expires_at) and math.isfinite(expires_at) and 0 < expires_at < 1e12):
         raise ValueError(f"expires_at must be unix seconds, got {expires_at!r}")
     clean: dict[str, float] = {}
@@ -69,8 +85,10 @@ def sign_budget(task_id: str, limits: Mapping[str, float], key: bytes, expires_a
         clean[dimension] = parsed
     exp = int(expires_at)
     members = [f"{PREFIX}{d}={_format(clean[d])}" for d in sorted(clean)]
+    if profile is not None:
+        members.append(f"{PROFILE_KEY}={profile}")
     members.append(f"{EXP_KEY}={exp}")
-    members.append(f"{SIG_KEY}={_mac(key, canonical(task_id, clean, exp))}")
+    members.append(f"{SIG_KEY}={_mac(key, canonical(task_id, clean, exp, profile))}")
     return ",".join(members)
 
 
@@ -86,9 +104,22 @@ def verify_budget_baggage(
     `({}, [])`. The same members still count as unsigned requests (`requested_limits`).
     """
     try:
-        return _verify(members, task_id, key, now)
+        limits, notes, _profile = _verify(members, task_id, key, now)
     except Exception as exc:  # noqa: BLE001 - baggage is attacker-controlled; never fail the call
         return {}, [f"signed budget ignored: unverifiable ({type(exc).__name__})"]
+    return limits, notes
+
+
+def signed_profile(members: Mapping[str, str], task_id: str, key: bytes | None, now: float) -> bool:
+    """True when `ragtoll.budget.profile` is covered by a valid, unexpired signature for `task_id`
+    (`sign_budget(..., profile=...)`): the operator chose that profile, so it may be more generous
+    than the one the task would otherwise get."""
+    if members.get(PROFILE_KEY) is None:
+        return False
+    try:
+        return _verify(members, task_id, key, now)[2]
+    except Exception:  # noqa: BLE001 - attacker-controlled baggage: unverifiable is unsigned
+        return False
 
 
 def requested_limits(members: Mapping[str, str]) -> tuple[dict[str, float], list[str]]:
@@ -114,20 +145,15 @@ def requested_limits(members: Mapping[str, str]) -> tuple[dict[str, float], list
 
 def _verify(
     members: Mapping[str, str], task_id: str, key: bytes | None, now: float
-) -> tuple[dict[str, float], list[str]]:
+) -> tuple[dict[str, float], list[str], bool]:
+    """(signed limits, notes, whether the signature also covers the profile member)."""
     sig, exp_raw = members.get(SIG_KEY), members.get(EXP_KEY)
     if sig is None and exp_raw is None:
-        return {}, []
-    if sig is None:
-        return {}, ["signed budget ignored: ragtoll.budget.exp without ragtoll.budget.sig"]
-    if key is None:
-        return {}, ["signed budget ignored: no HMAC key configured"]
-    if exp_raw is None:
-        return {}, ["signed budget ignored: ragtoll.budget.sig without ragtoll.budget.exp"]
-    if not isinstance(exp_raw, str) or not _EXP.match(exp_raw):
-        return {}, ["signed budget ignored: malformed ragtoll.budget.exp"]
-    if not isinstance(sig, str) or not _SIG.match(sig):
-        return {}, ["signed budget ignored: malformed ragtoll.budget.sig"]
+        return {}, [], False
+    problem = _signature_problem(sig, exp_raw, key)
+    if problem:
+        return {}, [f"signed budget ignored: {problem}"], False
+    assert isinstance(sig, str) and isinstance(exp_raw, str) and key is not None  # checked above
     limits: dict[str, float] = {}
     for name, raw in members.items():
         if not isinstance(name, str) or not name.startswith(PREFIX) or name in RESERVED:
@@ -137,17 +163,77 @@ def _verify(
             continue  # not covered by the signature, and `requested_limits` notes it
         value, problem = _check(dimension, raw)
         if value is None:
-            return {}, [f"signed budget ignored: {dimension} {problem}"]
+            return {}, [f"signed budget ignored: {dimension} {problem}"], False
         limits[dimension] = value
     exp = int(exp_raw)
-    expected = _mac(key, canonical(task_id, limits, exp))
+    given = sig.rstrip("=").encode("ascii")
+    profile = members.get(PROFILE_KEY)
+    # With a profile member: signed over it (the operator chose the profile), or over the limits
+    # alone (an unsigned profile beside signed limits, as before profiles could be signed).
     # Compare before looking at expiry, so timing says nothing about which check failed.
-    valid = hmac.compare_digest(expected.encode("ascii"), sig.rstrip("=").encode("ascii"))
+    covers_profile = isinstance(profile, str) and hmac.compare_digest(
+        _mac(key, canonical(task_id, limits, exp, profile)).encode("ascii"), given)
+    valid = covers_profile or hmac.compare_digest(_mac(key, canonical(task_id, limits, exp)).encode("ascii"), given)
     if not valid:
-        return {}, ["signed budget ignored: bad signature"]
+        return {}, ["signed budget ignored: bad signature"], False
     if not (math.isfinite(now) and now < exp):
-        return {}, [f"signed budget ignored: expired at {exp}"]
-    return limits, []
+        return {}, [f"signed budget ignored: expired at {exp}"], False
+    return limits, [], covers_profile
+
+
+def _signature_problem(sig: object, exp_raw: object, key: bytes | None) -> str:
+    """Why the signature pair cannot be checked, or "" when it can."""
+    if sig is None:
+        return "ragtoll.budget.exp without ragtoll.budget.sig"
+    if key is None:
+        return "no HMAC key configured"
+    if exp_raw is None:
+        return "ragtoll.budget.sig without ragtoll.budget.exp"
+    if not isinstance(exp_raw, str) or not _EXP.match(exp_raw):
+        return "malformed ragtoll.budget.exp"
+    if not isinstance(sig, str) or not _SIG.match(sig):
+        return "malformed ragtoll.budget.sig"
+    return ""
+
+
+def sign_outcome(task_id: str, correct: bool, key: bytes) -> str:
+    """Baggage members recording the verdict `correct` on `task_id`, e.g.
+    `ragtoll.outcome=correct,ragtoll.outcome.sig=...` (for `ragtoll sign-outcome`). A verdict
+    feeds `report` and `recommend`, so only the operator's key may write one from baggage."""
+    if len(key) < MIN_KEY_BYTES:
+        raise ValueError(f"HMAC key must be at least {MIN_KEY_BYTES} bytes")
+    if not task_id:
+        raise ValueError("task id must not be empty")
+    verdict = "correct" if correct else "incorrect"
+    return f"{OUTCOME_KEY}={verdict},{OUTCOME_SIG_KEY}={_mac(key, _outcome_canonical(task_id, correct))}"
+
+
+def verify_outcome(members: Mapping[str, str], task_id: str, key: bytes | None) -> tuple[bool | None, str]:
+    """(the verdict, "") when `ragtoll.outcome` is signed for `task_id` with the operator key;
+    (None, why it was ignored) otherwise; (None, "") when the baggage carries no verdict."""
+    raw = members.get(OUTCOME_KEY)
+    if raw is None:
+        return None, ""
+    verdict = _VERDICTS.get(raw.strip().lower()) if isinstance(raw, str) else None
+    if verdict is None:
+        return None, f"baggage {OUTCOME_KEY}={str(raw)[:32]!r} ignored: expected correct or incorrect"
+    sig = members.get(OUTCOME_SIG_KEY)
+    if sig is None:
+        return None, f"baggage {OUTCOME_KEY} ignored: unsigned (ragtoll sign-outcome signs a verdict)"
+    if key is None:
+        return None, f"baggage {OUTCOME_KEY} ignored: no HMAC key configured"
+    if not isinstance(sig, str) or not _SIG.match(sig):
+        return None, f"baggage {OUTCOME_KEY} ignored: malformed {OUTCOME_SIG_KEY}"
+    expected = _mac(key, _outcome_canonical(task_id, verdict))
+    if not hmac.compare_digest(expected.encode("ascii"), sig.rstrip("=").encode("ascii")):
+        return None, f"baggage {OUTCOME_KEY} ignored: bad signature"
+    return verdict, ""
+
+
+def _outcome_canonical(task_id: str, correct: bool) -> bytes:
+    task = task_id.encode("utf-8", "surrogatepass")
+    return b"\n".join((OUTCOME_VERSION.encode(), b"%d:%s" % (len(task), task),
+                       b"correct" if correct else b"incorrect"))
 
 
 def _check(dimension: str, raw: object) -> tuple[float | None, str]:

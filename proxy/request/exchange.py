@@ -7,6 +7,7 @@ the pipeline and every stage: it imports value types only, and those of other ro
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,9 @@ class Exchange:
     filing: Filing | None = None  # a cache miss's evidence, filed in on_end
     ticket: Ticket | None = None  # the budget's reservation for this call
     degraded: str | None = None  # why the budget did not apply (store trouble, on_store_error: open)
+    # a stage that cut the upstream timeout short (the budget's deadline): what to answer instead of
+    # a retryable 504 when that timeout expires (None: the 504 stands)
+    timeout_error: Callable[[], RagtollError | None] | None = None
 
 
 class Stage:

@@ -24,7 +24,7 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status,
 from ragtoll.instrumentation import semconv as sc
 
 from ..config import Settings
-from ..errors import BodyTooLarge, RagtollError, Rejected, RequestTimeout, render
+from ..errors import BodyTooLarge, RagtollError, Rejected, RequestTimeout, UpstreamTimeout, render
 from ..model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, TaskRef
 from .body import ClientDisconnected, RequestBody
 from .exchange import Exchange, Reply, Stage
@@ -194,6 +194,8 @@ class Pipeline:
             return
         if not isinstance(failure, RagtollError):
             raise failure from raised
+        if isinstance(failure, UpstreamTimeout) and ex.timeout_error is not None:
+            failure = ex.timeout_error() or failure  # a deadline ran out, not the upstream's patience
         ex.error = failure
         if ex.headers_sent:
             ex.outcome = "upstream_error"

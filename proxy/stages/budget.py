@@ -12,8 +12,9 @@ degraded (`on_store_error: open`) or answers 503 (`closed`).
 from __future__ import annotations
 
 import functools
+import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ragtoll.instrumentation import semconv as sc
@@ -25,8 +26,8 @@ from ..core.classifier import classify as _classify
 from ..core.pricing import Prices, Quote, allowed_output
 from ..core.profiles import Profiles
 from ..core.progress import ProgressRules, RecentQueries
-from ..core.signing import verify_budget_baggage
-from ..errors import BudgetExceeded, StoreUnavailable
+from ..core.signing import signed_profile, verify_budget_baggage
+from ..errors import BudgetExceeded, StoreUnavailable, UnreadableBody
 from ..request.exchange import Exchange, Reply, Stage
 from ..stores.base import Decision, Store, TaskMeta
 from ..stores.breaker import Breaker
@@ -36,6 +37,8 @@ WARNING_HEADER = b"x-ragtoll-budget-warning"
 WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
 EXHAUSTED_HEADER = b"x-ragtoll-budget-exhausted"  # an empty answer in place of a refused search or rerank
 FINISHED_HEADER = b"x-ragtoll-budget-finished"  # this call went past that limit once, tools disabled
+# timers fire at or after the clamped timeout; the wall clock may read a hair earlier than the deadline
+DEADLINE_SLACK_MS = 10
 
 
 class BudgetStage(Stage):
@@ -48,7 +51,7 @@ class BudgetStage(Stage):
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
         self.store = Breaker(store, settings.store_timeout_ms / 1000, self._wall_ms)
         self.prices: Prices | None = Prices.from_settings(settings)
-        self.profiles = Profiles(self.cfg, classify or _classify)
+        self.profiles = Profiles(self.cfg, classify or _classify, self._profile_signed)
         self.hmac_key = hmac_key
         self._units: dict[str, dict[str, int]] = {}  # profile -> its limits in internal units
         self.progress_rules = ProgressRules()
@@ -65,6 +68,8 @@ class BudgetStage(Stage):
         call = ex.call
         sel = self.profiles.choose(task_id, ex.route.upstream.name, ex.headers, baggage, call.prompt_texts,
                                    call.query, call.user_text)
+        if call.parse_error and not local:
+            self._unreadable(ex, sel.profile)
         # one price quote per call (cost is linear in output): the charge and the stream allowance
         quote = self.prices.quote(ex.route.upstream, call) if self.prices is not None and not local else None
         charge = self._charge(ex, local, quote)
@@ -112,6 +117,8 @@ class BudgetStage(Stage):
         ticket.annotate = functools.partial(self._annotate, ex, sel, notes, decision, charge, now, left, warn,
                                             time.time_ns())
         self._prepare_stream(ex, ticket, decision.ledger, now, quote)
+        if ticket.deadline_ms is not None:
+            ex.timeout_error = functools.partial(self._deadline_exceeded, ex)
         return None
 
     def on_task_end(self, task_id: str) -> None:
@@ -156,6 +163,9 @@ class BudgetStage(Stage):
         limits, lim_notes = bm.effective_limits(self._profile(profile), baggage, raises)
         return bm.to_units(limits), notes + lim_notes
 
+    def _profile_signed(self, baggage: Mapping[str, str], task_id: str) -> bool:
+        return signed_profile(baggage, task_id, self.hmac_key, self._wall_ms() / 1000)
+
     def _profile(self, name: str) -> Profile:
         # a task in a shared store may name a profile this replica's config no longer has
         return self.cfg.profiles.get(name) or self.cfg.profiles[self.cfg.default_profile]
@@ -171,9 +181,29 @@ class BudgetStage(Stage):
         meta = TaskMeta(sel.profile, sel.cls, ex.route.upstream.name, task.source, f"{task.trace_id:032x}")
         return await self.store.reserve(task.id, meta, limits, charge, now, self._shadow(sel.profile))
 
+    def _unreadable(self, ex: Exchange, profile: str) -> None:
+        """A body the adapter could not read is never forwarded unbudgeted: refused (400
+        unreadable_body), or (`on_unreadable: charge_reservation`) charged as conservatively as it
+        can be: a prompt token per 4 body bytes, the whole output reservation, a new query each."""
+        call, body = ex.call, ex.body or b""
+        mode = self.cfg.on_unreadable or ("charge_reservation" if self._shadow(profile) else "reject")
+        if mode == "reject":
+            if ex.span is not None:  # the span stage, after this one, does not run for a refused call
+                ex.span.set_attribute(sc.PARSE_ERROR, (call.parse_error or "")[:300])
+            raise UnreadableBody(
+                f"the request body could not be read, so it cannot be budgeted ({call.parse_error}); send JSON "
+                "(UTF-8, -16 or -32), or let budgets.on_unreadable: charge_reservation forward it at its reservation",
+                reason=(call.parse_error or "")[:300])
+        if call.prompt_tokens is None:
+            call.prompt_tokens = len(body) // 4 + 1
+        if call.operation == "retrieval" and call.query_key is None:
+            call.query_key = "unreadable:" + hashlib.sha256(body).hexdigest()[:32]
+
     def _charge(self, ex: Exchange, cache_hit: bool, quote: Quote | None) -> Charge:
         call, up = ex.call, ex.route.upstream
         certain = reserve = 0.0
+        if quote is not None and not quote.priced and ex.span is not None:
+            ex.span.set_attribute(sc.COST_ESTIMATED, True)  # reserved at `pricing.default`
         if quote is not None:
             total = quote.usd(allowed_output(call, self.cfg.default_max_output_tokens))
             if call.operation in bm.LLM_OPERATIONS:
@@ -275,13 +305,35 @@ class BudgetStage(Stage):
         used = bm.used_value(dim, d.ledger, charge if dim == "max_prompt_tokens" else None, now)
         if dim == "max_cost_usd":
             used = round(used, 9)
+        return self._rejection(ex, dim, limit, used)
+
+    def _rejection(self, ex: Exchange, dim: str, limit: float, used: float) -> BudgetExceeded:
+        """The refusal, with the status the route's SDKs do not retry (`budgets.reject_status` if set)."""
+        assert ex.ticket is not None
+        profile = ex.ticket.profile
         task_id = ex.task.id if ex.task else ""
         return BudgetExceeded(
-            f"budget exhausted: {dim} limit {limit:g}, used {used:g} (profile {ticket.profile!r}, task {task_id!r}); "
+            f"budget exhausted: {dim} limit {limit:g}, used {used:g} (profile {profile!r}, task {task_id!r}); "
             "this task may not make more calls of this kind",
-            status=self.cfg.reject_status, dimension=dim, limit=limit, used=used, profile=ticket.profile,
-            task_id=task_id,
+            status=self.cfg.reject_status or ex.route.adapter.reject_status, dimension=dim, limit=limit, used=used,
+            profile=profile, task_id=task_id,
         )
+
+    def _deadline_exceeded(self, ex: Exchange) -> BudgetExceeded | None:
+        """When the upstream timeout that `max_latency_ms` cut short expires: the budget's refusal
+        (not a 504 an SDK would retry). None when the deadline has not passed (the upstream's own
+        timeout was shorter)."""
+        ticket, now = ex.ticket, self._wall_ms()
+        if ticket is None or ticket.deadline_ms is None or now < ticket.deadline_ms - DEADLINE_SLACK_MS:
+            return None
+        limit = ticket.limits["max_latency_ms"]
+        used = max(limit, now - (ticket.deadline_ms - limit))
+        self._flush_annotation(ticket)  # the reservation's record first; this refusal amends it
+        if ex.span is not None:
+            ex.span.set_attributes({sc.BUDGET_EXCEEDED: True, sc.BUDGET_EXCEEDED_DIMENSION: "max_latency_ms"})
+            ex.span.add_event(sc.EVENT_EXCEEDED, {"dimension": "max_latency_ms", "limit": limit, "used": used,
+                                                  "mode": "enforce", "would_reject": False})
+        return self._rejection(ex, "max_latency_ms", limit, used)
 
     def _prepare_stream(self, ex: Exchange, ticket: Ticket, ledger: Ledger, now: int, quote: Quote | None) -> None:
         """Allowances for mid-stream enforcement, and the upstream timeout clamped to the deadline."""
@@ -415,10 +467,11 @@ class BudgetStage(Stage):
             return Actual()
         u = obs.usage
         context = u.input_tokens if u and u.input_tokens is not None else res.context_tokens
-        unread = obs.unread is not None and not (u and u.output_tokens is not None)
+        # ragtoll stopped reading the answer (inspection.Inspector) or could not read the request
+        unread = (obs.unread is not None or bool(call.parse_error)) and not (u and u.output_tokens is not None)
         if u and u.output_tokens is not None:
             completion = u.output_tokens
-        elif unread:  # ragtoll stopped reading (inspection.Inspector): the whole reservation, at least
+        elif unread:  # the whole reservation, at least
             completion = max(res.completion_tokens, obs.output_tokens_seen)
         elif call.stream:
             completion = obs.output_tokens_seen
@@ -426,9 +479,12 @@ class BudgetStage(Stage):
             completion = res.completion_tokens
         cost = res.cost_nusd
         if self.prices is not None:
+            # the tokens used, at the model's price or else at `pricing.default` (an estimate)
             c = self.prices.actual(ex.route.upstream, call, obs)
-            if c.known or call.operation not in bm.LLM_OPERATIONS:
+            if c.measured or call.operation not in bm.LLM_OPERATIONS:
                 cost = round(c.usd * bm.NANO)
+            if not c.priced and ex.span is not None:
+                ex.span.set_attribute(sc.COST_ESTIMATED, True)
         if unread:
             cost = max(cost, res.cost_nusd)
         chunks = fruitful = None

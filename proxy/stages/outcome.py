@@ -1,5 +1,7 @@
-"""Outcome stage: a verdict on the task carried in baggage (`ragtoll.outcome=correct|incorrect`)
-is recorded as `POST /admin/tasks/{id}/outcome` records one. It never answers or fails a call."""
+"""Outcome stage: a verdict on the task carried in baggage (`ragtoll.outcome=correct|incorrect`),
+signed with the operator's key (`ragtoll.outcome.sig`, from `ragtoll sign-outcome`), is recorded
+as `POST /admin/tasks/{id}/outcome` records one. An unsigned verdict is ignored (a span note):
+verdicts feed `report` and `recommend`. It never answers or fails a call."""
 
 from __future__ import annotations
 
@@ -8,27 +10,26 @@ from collections.abc import Awaitable, Callable
 
 from ragtoll.instrumentation import semconv as sc
 
+from ..core.signing import verify_outcome
 from ..request.exchange import Exchange, Stage
-
-OUTCOME_BAGGAGE = "ragtoll.outcome"
-_VERDICTS = {"correct": True, "true": True, "incorrect": False, "false": False}
 
 
 class OutcomeStage(Stage):
-    def __init__(self, record: Callable[[str, bool], Awaitable[object]], timeout_s: float) -> None:
-        """`record(task_id, correct)`: where verdicts go (tasks.records.TaskEnder.record_outcome)."""
+    def __init__(self, record: Callable[[str, bool], Awaitable[object]], timeout_s: float, *,
+                 hmac_key: bytes | None = None) -> None:
+        """`record(task_id, correct)`: where verdicts go (tasks.records.TaskEnder.record_outcome);
+        `hmac_key`: the operator's key (secrets.budget_hmac_key); None accepts no baggage verdict."""
         self.record = record
         self.timeout_s = timeout_s
+        self.hmac_key = hmac_key
 
     async def on_end(self, ex: Exchange) -> None:
-        raw = dict(ex.task.baggage).get(OUTCOME_BAGGAGE) if ex.task is not None else None
-        if raw is None or ex.task is None:
+        if ex.task is None:
             return
-        verdict = _VERDICTS.get(raw.strip().lower())
+        verdict, note = verify_outcome(dict(ex.task.baggage), ex.task.id, self.hmac_key)
+        if note and ex.span is not None:
+            ex.span.set_attribute(sc.BUDGET_NOTES, [note])
         if verdict is None:
-            if ex.span is not None:
-                note = f"baggage {OUTCOME_BAGGAGE}={raw[:32]!r} ignored: expected correct or incorrect"
-                ex.span.set_attribute(sc.BUDGET_NOTES, [note])
             return
         try:
             async with asyncio.timeout(self.timeout_s):

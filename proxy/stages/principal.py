@@ -156,6 +156,7 @@ class PrincipalStage(Stage):
         return BudgetExceeded(
             f"budget exhausted: {dim} limit {limit:g}, used {used:g} (principal {principal!r}); "
             "this client may not start more tasks or spend more until its window frees up",
-            status=self.settings.budgets.reject_status, dimension=dim, limit=limit, used=used, scope=pc.SCOPE,
+            status=self.settings.budgets.reject_status or ex.route.adapter.reject_status, dimension=dim, limit=limit,
+            used=used, scope=pc.SCOPE,
             principal=principal, task_id=ex.task.id if ex.task else "",
         )

@@ -186,16 +186,17 @@ def test_forged_baggage_cannot_raise_a_limit_but_can_lower_it(proxy: ProxyFactor
 
 def test_profile_from_baggage_rule_and_default(proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry) -> None:
     cfg = {"default_profile": "p",
-           "profiles": {"p": {"max_steps": 5}, "gold": {"max_steps": 50}, "closed": {"allow_selection": False}},
+           "profiles": {"p": {"max_steps": 5}, "gold": {"max_steps": 50}, "tight": {"max_steps": 2},
+                        "closed": {"allow_selection": False}},
            "rules": [{"profile": "gold", "header": "x-tier", "equals": "gold"}]}
     with proxy(upstreams=upstreams(upstream.url), budgets=cfg) as base, httpx.Client() as http:
-        by_baggage = chat(http, base, task(), {"baggage": "ragtoll.budget.profile=gold"})
+        by_baggage = chat(http, base, task(), {"baggage": "ragtoll.budget.profile=tight"})
         by_rule = chat(http, base, task(), {"x-tier": "gold"})
         refused = chat(http, base, task(), {"baggage": "ragtoll.budget.profile=closed"})
-    assert remaining(by_baggage)["max_steps"] == 49 and remaining(by_rule)["max_steps"] == 49
+    assert remaining(by_baggage)["max_steps"] == 1 and remaining(by_rule)["max_steps"] == 49
     assert remaining(refused)["max_steps"] == 4
     sources = [(s.attributes[sc.PROFILE], s.attributes[sc.PROFILE_SOURCE]) for s in call_spans(telemetry, "chat")]
-    assert sources == [("gold", "baggage"), ("gold", "rule"), ("p", "default")]
+    assert sources == [("tight", "baggage"), ("gold", "rule"), ("p", "default")]
 
 
 def test_unique_queries_and_stalled_retrievals(proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry) -> None:
@@ -255,7 +256,8 @@ def test_deadline_rejects_late_calls_and_clamps_the_upstream_timeout(proxy: Prox
         clamped = chat(http, base, slow, {"x-test-delay": "5"})
     assert first.status_code == 200
     assert late.status_code == 429 and late.json()["error"]["dimension"] == "max_latency_ms"
-    assert clamped.status_code == 504  # the 120 s read timeout was clamped to the 0.4 s left
+    # the 120 s read timeout was clamped to the 0.4 s left: its expiry is the budget's refusal, not a 504
+    assert clamped.status_code == 429 and clamped.json()["error"]["dimension"] == "max_latency_ms"
 
 
 def test_cache_hit_is_charged_as_a_call_and_served(proxy: ProxyFactory, upstream: Upstream,
@@ -601,12 +603,17 @@ def test_classifier_reads_the_users_question_not_the_tool_definitions(proxy: Any
     assert call.attributes["ragtoll.budget.profile"] == "wide"
 
 
-def test_baggage_outcome_records_a_verdict_for_the_report(proxy: Any, tmp_path: Any) -> None:
+def test_baggage_outcome_records_a_verdict_for_the_report_only_when_signed(
+        proxy: Any, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from ragtoll.proxy.core.signing import sign_outcome
+
+    monkeypatch.setenv("RAGTOLL_BUDGET_HMAC_KEY", HMAC_KEY.decode())
     records = tmp_path / "verdicts.jsonl"
     with proxy(budgets={"records_file": str(records)}) as base:
-        for value in ("correct", "maybe"):
+        for outcome in ("ragtoll.outcome=maybe", "ragtoll.outcome=incorrect",
+                        sign_outcome("verdict-1", True, HMAC_KEY), sign_outcome("verdict-2", False, HMAC_KEY)):
             r = httpx.post(f"{base}/openai/v1/chat/completions", json={"model": "m", "messages": []},
-                           headers={"baggage": f"ragtoll.task.id=verdict-1,ragtoll.outcome={value}"})
+                           headers={"baggage": f"ragtoll.task.id=verdict-1,{outcome}"})
             assert r.status_code == 200
     lines = [orjson.loads(line) for line in records.read_text().splitlines()]
     verdicts = [e for e in lines if e.get("kind") == "outcome"]

@@ -44,7 +44,8 @@ def replicas(upstream_url: str, store: str, tmp_path: Any) -> Iterator[list[str]
         "pricing": {"gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.60}},
         "budgets": {"default_profile": "steps", "profiles": {
             "steps": {"max_steps": 10, "max_retrieval_calls": 7},
-            "cost": {"max_cost_usd": 0.003},
+            # no more generous than `steps` in any limit: unsigned baggage may choose it
+            "cost": {"max_steps": 10, "max_retrieval_calls": 7, "max_cost_usd": 0.003},
         }},
     }
     procs = [RagtollProcess(tmp_path, cfg, env={"RAGTOLL_ADMIN_TOKEN": TOKEN}, ready="/readyz")

@@ -1,4 +1,4 @@
-"""The command line: `ragtoll sign-budget` output verifies with the proxy's own verifier."""
+"""The command line: `ragtoll sign-budget` and `sign-outcome` output verifies with the proxy's own verifiers."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 
-from ragtoll.proxy.core.signing import verify_budget_baggage
+from ragtoll.proxy.core.signing import signed_profile, verify_budget_baggage, verify_outcome
 from ragtoll.proxy.request.identify import parse_baggage
 
 KEY = "operator-secret-key-0123456789"
@@ -50,3 +50,19 @@ def test_serve_on_a_taken_port_exits_3_without_saying_it_listens() -> None:
     assert out.returncode == 3, out.stderr
     assert "cannot listen on 127.0.0.1:" in out.stderr
     assert "listening" not in out.stderr.replace("cannot listen", "")
+
+
+def test_sign_budget_profile_and_sign_outcome_print_baggage_that_verifies() -> None:
+    env = {"RAGTOLL_BUDGET_HMAC_KEY": KEY}
+    grant = run("sign-budget", "--task-id", "job-1", "--profile", "generous", env=env)
+    assert grant.returncode == 0, grant.stderr
+    members = dict(parse_baggage(grant.stdout.strip())[0])
+    assert members["ragtoll.budget.profile"] == "generous"
+    assert signed_profile(members, "job-1", KEY.encode(), time.time())
+    assert not signed_profile({**members, "ragtoll.budget.profile": "other"}, "job-1", KEY.encode(), time.time())
+    assert not signed_profile(members, "job-2", KEY.encode(), time.time())
+    verdict = run("sign-outcome", "--task-id", "job-1", "incorrect", env=env)
+    assert verdict.returncode == 0, verdict.stderr
+    members = dict(parse_baggage(verdict.stdout.strip())[0])
+    assert verify_outcome(members, "job-1", KEY.encode()) == (False, "")
+    assert verify_outcome(members, "job-2", KEY.encode())[0] is None

@@ -70,9 +70,11 @@ def is_json(body: bytes) -> bool:
 @pytest.mark.parametrize("api", sorted(ADAPTER_PATHS))
 def test_malformed_json_is_forwarded_unchanged_and_recorded(proxy: ProxyFactory, faulty: FaultyUpstream,
                                                             telemetry: Telemetry, api: str) -> None:
+    """With `on_unreadable: charge_reservation`: forwarded byte for byte, charged, never a crash."""
     kind = {"openai": "llm", "anthropic": "llm", "cohere": "rerank", "tei": "rerank", "passthrough": "other"}
     up = [{"name": "x", "kind": kind.get(api, "retrieval"), "api": api, "url": faulty.url, "prefix": "/x"}]
-    with proxy(upstreams=up, budgets=BUDGETS) as base, httpx.Client(timeout=10) as http:
+    budgets = {**BUDGETS, "on_unreadable": "charge_reservation"}
+    with proxy(upstreams=up, budgets=budgets) as base, httpx.Client(timeout=10) as http:
         for body in MALFORMED:
             task = new_task()
             r = http.post(f"{base}/x{ADAPTER_PATHS[api]}", content=body,
@@ -84,6 +86,29 @@ def test_malformed_json_is_forwarded_unchanged_and_recorded(proxy: ProxyFactory,
             if api != "passthrough" and not is_json(body):  # a wrong shape may be read as "no query"
                 assert span.attributes.get(sc.PARSE_ERROR), (api, body)
             assert ledger(http, base, task)["in_flight"] == 0
+
+
+@pytest.mark.parametrize("api", sorted(ADAPTER_PATHS))
+def test_malformed_json_is_refused_by_an_enforcing_budget(proxy: ProxyFactory, faulty: FaultyUpstream,
+                                                          telemetry: Telemetry, api: str) -> None:
+    """The default (`on_unreadable: reject`): a body the adapter cannot read is a 400 naming why,
+    never forwarded unbudgeted; what it reads (or does not read at all: passthrough) goes on."""
+    kind = {"openai": "llm", "anthropic": "llm", "cohere": "rerank", "tei": "rerank", "passthrough": "other"}
+    up = [{"name": "x", "kind": kind.get(api, "retrieval"), "api": api, "url": faulty.url, "prefix": "/x"}]
+    with proxy(upstreams=up, budgets=BUDGETS) as base, httpx.Client(timeout=10) as http:
+        for body in MALFORMED:
+            task, before = new_task(), len(faulty.seen)
+            r = http.post(f"{base}/x{ADAPTER_PATHS[api]}", content=body,
+                          headers={"content-type": "application/json", "x-ragtoll-task-id": task})
+            if api != "passthrough" and not is_json(body):
+                assert r.status_code == 400, (api, body, r.text)
+            if r.status_code == 400:  # not JSON, or JSON the adapter cannot read (a list, null)
+                assert r.json()["error"]["code"] == "unreadable_body"
+                assert r.json()["error"]["reason"] == call_span(telemetry, task).attributes[sc.PARSE_ERROR]
+                assert len(faulty.seen) == before  # refused before the store: the task was never opened
+            else:
+                assert r.status_code == 200 and faulty.last().body == body, (api, body, r.text)
+                assert ledger(http, base, task)["in_flight"] == 0
 
 
 # --- trace context ------------------------------------------------------------------------------

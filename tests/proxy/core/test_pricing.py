@@ -83,6 +83,18 @@ def test_unknown_model_uses_configurable_fallback_and_says_so() -> None:
     assert prices.estimate(ups["openai"], unread, 0).known is False
 
 
+def test_an_unpriced_models_reported_usage_is_measured_at_the_fallback_price() -> None:
+    prices, ups = _prices()
+    call = Call(operation="chat", model="my-local-llm", prompt_tokens=10, max_output_tokens=None)
+    used = prices.actual(ups["local"], call, Observation(usage=Usage(input_tokens=10, output_tokens=3000)))
+    assert (used.usd, used.known, used.priced, used.measured) == (pytest.approx(0.030025), False, False, True)
+    unread = prices.actual(ups["local"], call, Observation())  # no usage, no max_tokens: tokens unknown
+    assert (unread.priced, unread.measured) == (False, False)
+    priced = prices.actual(ups["openai"], Call(operation="chat", model="gpt-4o", prompt_tokens=10),
+                           Observation(usage=Usage(input_tokens=10, output_tokens=3)))
+    assert (priced.known, priced.priced, priced.measured) == (True, True, True)
+
+
 def test_embeddings_have_no_output_cost() -> None:
     prices, ups = _prices()
     call = Call(operation="embeddings", model="text-embedding-3-small", prompt_tokens=1_000_000)

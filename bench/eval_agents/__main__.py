@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 import yaml
-from ragtoll.proxy.tools import report
+from ragtoll.proxy.tools import recommend, report
 
 from . import harness, scoring
 from .workload import STYLES, load_gold, load_tasks
@@ -33,8 +33,9 @@ DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results"
 
 
 def recommended(records_file: str) -> str:
-    """`ragtoll recommend <records_file>` with its defaults (p95 x 1.2), as the YAML it prints."""
-    return report.format_advice(report.recommend(report.read_jsonl(records_file)), 95.0, 1.2)
+    """`ragtoll recommend <records_file>` with its defaults (the most a correct task used, no
+    wall-clock limit), as the YAML it prints."""
+    return recommend.format_advice(recommend.recommend(report.read_jsonl(records_file)))
 
 
 def with_recommendation(raw: dict[str, Any], snippet: str) -> dict[str, Any]:
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         for label, cfg in runs:
             enforced, files[label] = harness.run_workload(stack, label, tasks, gold, cfg, shadow=False, workdir=tmp)
             c = scoring.compare(label, shadow, enforced, gold)
-            title = config_name if label == "enforced" else "`ragtoll recommend` limits (p95 x 1.2 of correct shadow tasks)"
+            title = config_name if label == "enforced" else "`ragtoll recommend` limits (the most a correct shadow task used)"
             w(f"== {label}: {title}\n")
             w(scoring.table(c))
             w(scoring.details(c))

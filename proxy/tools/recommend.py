@@ -11,8 +11,9 @@ up, so every basis task stays admitted (a limit of N admits N: core/budget.py). 
 `--percentile` lists exactly the correct tasks it would cut and what each limit saves.
 
 Preference. Counts of work (unique queries, retrieval and rerank calls, steps, calls) are always
-proposed; tokens and cost only where they would cut a task the counts let through (a money limit
-that cuts nothing more is noise, and it depends on prices and on in-flight reservations). The
+proposed; tokens and cost only where the simulation says they would save more than the counts
+(a money limit that stops nothing earlier is noise, and it depends on prices and on in-flight
+reservations). The
 wall clock (`max_latency_ms`) depends on the machine and its load: omitted unless asked for, and
 then never below the basis tasks' p99 x LATENCY_MARGIN. `max_stalled_retrievals` is not
 proposed: a record carries a task's final stall streak, not its longest, so no value can be shown
@@ -33,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from ..core.budget import NANO
 from .report import ReportError, format_usd, percentile
 
 # record key -> dimension, in order of preference (first: the counts of work)
@@ -96,9 +98,10 @@ def _round_up(value: float, dimension: str) -> float:
     """The smallest tidy value >= `value`: whole units; cost to 4 significant digits; latency to 2."""
     if value <= 0:
         return 0.0
-    if dimension == "max_cost_usd":
-        digits = 3 - math.floor(math.log10(value))
-        return max(value, math.ceil(round(value * 10**digits, 6)) / 10**digits)
+    if dimension == "max_cost_usd":  # in whole nano-USD, as records and the ledger hold it
+        nusd = math.ceil(round(value * NANO, 3))
+        step = 10 ** max(0, len(str(nusd)) - 4)
+        return math.ceil(nusd / step) * step / NANO
     if dimension == "max_latency_ms":
         step = 10 ** max(0, math.floor(math.log10(value)) - 1)
         return float(math.ceil(value / step) * step)
@@ -175,7 +178,7 @@ def advise(name: str, recs: Sequence[Mapping[str, Any]], pct: float = 100.0, hea
         if _saved(simulate(recs, [*limits, lim])) > _saved(simulate(recs, limits)) + 1e-12:
             limits.append(lim)
         else:
-            left_out.append(f"{dim}: {_value(lim)} would cut nothing the counts above let through")
+            left_out.append(f"{dim}: {_value(lim)} would stop no task earlier than the counts above")
     lim = _limit(*LATENCY, basis, pct, headroom)
     if lim is not None and latency:
         limits.append(lim)
@@ -208,7 +211,10 @@ def recommend(records: Iterable[Mapping[str, Any]], percentile_: float = 100.0, 
 
 
 def _value(lim: Limit) -> str:
-    return f"{lim.value:g}" if lim.dimension == "max_cost_usd" else str(round(lim.value))
+    """Exact and plain (no exponent: YAML would read `1e-05` as a string)."""
+    if lim.dimension == "max_cost_usd":
+        return f"{lim.value:.9f}".rstrip("0").rstrip(".")
+    return str(round(lim.value))
 
 
 def _yaml_key(name: str) -> str:

@@ -6,14 +6,16 @@ what those tasks spent past that point); `format_advice` prints a complete `budg
 that `ragtoll check-config` accepts.
 
 The rule. The *basis* of a profile is every task not judged wrong (judged correct, or never
-judged: it may have been right). By default each limit is the most a basis task used, rounded
-up, so every basis task stays admitted (a limit of N admits N: core/budget.py). A tighter
-`--percentile` lists exactly the correct tasks it would cut and what each limit saves.
+judged: it may have been right). Each limit is the most a basis task used, rounded up, so every
+basis task stays admitted (a limit of N admits N: core/budget.py). A tighter `--percentile`
+applies to the limits that refuse a retrieval or rerank only (unique queries, retrieval and rerank
+calls: the agent keeps its evidence and may still answer), and the output lists exactly the
+correct tasks it would cut; limits that refuse an LLM call (steps, calls, tokens, cost) stay at
+the most a basis task used, since a refused LLM call costs most agents their answer.
 
-Preference. Counts of work (unique queries, retrieval and rerank calls, steps, calls) are always
-proposed; tokens and cost only where the simulation says they would save more than the counts
-(a money limit that stops nothing earlier is noise, and it depends on prices and on in-flight
-reservations). The
+Preference. Counts of work are always proposed; tokens and cost only where the simulation says
+they would save more than the counts (a money limit that stops nothing earlier is noise, and it
+depends on prices and on in-flight reservations). The
 wall clock (`max_latency_ms`) depends on the machine and its load: omitted unless asked for, and
 then never below the basis tasks' p99 x LATENCY_MARGIN. `max_stalled_retrievals` is not
 proposed: a record carries a task's final stall streak, not its longest, so no value can be shown
@@ -37,11 +39,15 @@ import orjson
 from ..core.budget import NANO
 from .report import ReportError, format_usd, percentile
 
-# record key -> dimension, in order of preference (first: the counts of work)
-COUNTS = (
+# record key -> dimension, in order of preference. First the counts that refuse a retrieval or
+# rerank: the agent keeps the evidence it holds and may still answer (the only ones --percentile
+# tightens). Then the counts that refuse an LLM call too, the answering one included.
+RETRIEVAL_COUNTS = (
     ("unique_queries", "max_unique_queries"),
     ("retrieval_calls", "max_retrieval_calls"),
     ("rerank_calls", "max_rerank_calls"),
+)
+LLM_COUNTS = (
     ("steps", "max_steps"),
     ("calls", "max_calls"),
 )
@@ -100,7 +106,7 @@ def _round_up(value: float, dimension: str) -> float:
         return 0.0
     if dimension == "max_cost_usd":  # in whole nano-USD, as records and the ledger hold it
         nusd = math.ceil(round(value * NANO, 3))
-        step = 10 ** max(0, len(str(nusd)) - 4)
+        step: int = 10 ** max(0, len(str(nusd)) - 4)
         return math.ceil(nusd / step) * step / NANO
     if dimension == "max_latency_ms":
         step = 10 ** max(0, math.floor(math.log10(value)) - 1)
@@ -133,9 +139,8 @@ def _limit(key: str, dim: str, basis: Sequence[Mapping[str, Any]], pct: float, h
         return None
     top = max(basis, key=lambda r: float(r[key]))
     value = percentile(used, pct) * headroom
-    if dim == "max_latency_ms":
-        floor = percentile(used, LATENCY_PERCENTILE) * LATENCY_MARGIN
-        value = max(value, floor, max(used) + 1 if pct >= 100 else 0)
+    if dim == "max_latency_ms":  # the deadline refuses once reached: one past the slowest task
+        value = max(value, percentile(used, LATENCY_PERCENTILE) * LATENCY_MARGIN, max(used) + 1)
         note = f"p{LATENCY_PERCENTILE:g} {percentile(used, LATENCY_PERCENTILE):.0f} ms x {LATENCY_MARGIN:g}"
         return Limit(dim, key, _round_up(value, dim), max(used), str(top["task_id"]), note)
     return Limit(dim, key, _round_up(value, dim), max(used), str(top["task_id"]))
@@ -169,17 +174,18 @@ def advise(name: str, recs: Sequence[Mapping[str, Any]], pct: float = 100.0, hea
            latency: bool = False) -> Advice:
     """One profile's limits (see the module docstring for the rule and the preference)."""
     basis, label = _basis(recs)
-    limits = [lim for key, dim in COUNTS if (lim := _limit(key, dim, basis, pct, headroom))]
+    limits = [lim for key, dim in RETRIEVAL_COUNTS if (lim := _limit(key, dim, basis, pct, headroom))]
+    limits += [lim for key, dim in LLM_COUNTS if (lim := _limit(key, dim, basis, 100, headroom))]
     left_out = []
     for key, dim in AMOUNTS:
-        lim = _limit(key, dim, basis, pct, headroom)
+        lim = _limit(key, dim, basis, 100, headroom)
         if lim is None:
             continue
         if _saved(simulate(recs, [*limits, lim])) > _saved(simulate(recs, limits)) + 1e-12:
             limits.append(lim)
         else:
             left_out.append(f"{dim}: {_value(lim)} would stop no task earlier than the counts above")
-    lim = _limit(*LATENCY, basis, pct, headroom)
+    lim = _limit(*LATENCY, basis, 100, headroom)
     if lim is not None and latency:
         limits.append(lim)
     elif lim is not None:
@@ -222,8 +228,11 @@ def _yaml_key(name: str) -> str:
 
 
 def _rule(percentile_: float, headroom: float) -> str:
-    basis = "the most" if percentile_ >= 100 else f"p{percentile_:g} of what"
-    return f"{basis} a task not judged wrong used" + (f" x {headroom:g}" if headroom != 1 else "")
+    times = f" x {headroom:g}" if headroom != 1 else ""
+    if percentile_ >= 100:
+        return f"the most a task not judged wrong used{times}"
+    return (f"p{percentile_:g} of what tasks not judged wrong used{times} for the limits that refuse a "
+            f"retrieval or rerank; the most for the rest")
 
 
 def _cut_line(c: Cut) -> str:
@@ -242,8 +251,8 @@ def format_advice(advice: Sequence[Advice], percentile_: float = 100.0, headroom
     lines = [
         f"# ragtoll recommend: per profile, {_rule(percentile_, headroom)}",
         f"# expected saving on these records: {format_usd(_saved(cuts))} of {format_usd(total)}"
-        f" ({_saved(cuts) / total:.1%}), {len(cuts)} task(s) cut, {len(lost)} of them correct"
-        if total > 0 else "# expected saving on these records: none (they cost nothing)",
+        + (f" ({_saved(cuts) / total:.1%})" if total > 0 else "")
+        + f", {len(cuts)} task(s) cut, {len(lost)} of them correct",
         f"# ({APPROXIMATION})",
     ]
     if lost:
@@ -260,8 +269,9 @@ def format_advice(advice: Sequence[Advice], percentile_: float = 100.0, headroom
 
 
 def _profile_lines(a: Advice) -> list[str]:
-    lines = [f"    {_yaml_key(a.profile)}:  # {a.tasks} task(s), basis {a.basis_label}; cuts {len(a.cuts)}, "
-             f"saves {format_usd(_saved(a.cuts))} of {format_usd(a.cost_usd)}"]
+    head = (f"    {_yaml_key(a.profile)}:  # {a.tasks} task(s), basis {a.basis_label}; cuts {len(a.cuts)}, "
+            f"saves {format_usd(_saved(a.cuts))} of {format_usd(a.cost_usd)}")
+    lines = [head]
     if not a.limits:
         lines.append("      {}  # nothing to limit: no basis task used anything")
     for lim in a.limits:

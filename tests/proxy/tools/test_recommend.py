@@ -169,6 +169,18 @@ def test_money_limits_only_where_they_cut_more_than_the_counts() -> None:
     assert any(note.startswith("max_cost_usd: 0.004 would stop no task earlier") for note in advice.left_out)
 
 
+def test_a_percentile_tightens_only_the_limits_that_refuse_a_retrieval() -> None:
+    records = [_rec(f"t{i}", True, retrieval_calls=i, steps=2 * i, completion_tokens=100 * i, cost_usd=0.001 * i)
+               for i in range(1, 11)]
+    (advice,) = recommend.recommend(records, 50)
+    limits = {lim.dimension: lim.value for lim in advice.limits}
+    assert limits["max_retrieval_calls"] == 6  # p50 of 1..10 = 5.5, rounded up
+    assert limits["max_steps"] == 20  # a refused LLM call is a lost answer: the most stays
+    assert "max_completion_tokens" not in limits and "max_cost_usd" not in limits
+    assert [c.task_id for c in advice.cuts] == ["t7", "t8", "t9", "t10"]
+    assert all(c.dimension == "max_retrieval_calls" and c.correct for c in advice.cuts)
+
+
 def test_stall_limits_are_not_proposed_from_final_streaks() -> None:
     (advice,) = recommend.recommend([_rec("a", True, retrieval_calls=5, stalled_retrievals=1)])
     assert "max_stalled_retrievals" not in [lim.dimension for lim in advice.limits]

@@ -178,6 +178,8 @@ def _add_evaluation_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
     recommend.add_argument("--percentile", type=float, default=100.0,
                            help="of what tasks not judged wrong used (100: the most; lower lists the correct tasks it cuts)")
     recommend.add_argument("--headroom", type=float, default=1.0, help="multiplier on that value, >= 1 (1)")
+    recommend.add_argument("--by", choices=("profile", "class"), default="profile",
+                           help="limits per profile, or a profile per query class (mapped under classes:)")
     recommend.add_argument("--latency", action="store_true",
                            help="also propose max_latency_ms (machine-dependent; at least p99 x 3 of the durations)")
     for p in (report, recommend):
@@ -243,7 +245,7 @@ def _run_evaluation_command(args: argparse.Namespace) -> int:
             records = [r for _, recs in runs for r in recs]
             from .tools import recommend
 
-            advice = recommend.recommend(records, args.percentile, args.headroom, args.latency)
+            advice = recommend.recommend(records, args.percentile, args.headroom, args.latency, args.by)
             sys.stdout.write(recommend.format_advice(advice, args.percentile, args.headroom))
             return 0
         labels = report_compare.run_labels([source for source, _ in runs], args.label)

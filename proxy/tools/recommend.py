@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -59,6 +59,7 @@ AMOUNTS = (
 LATENCY = ("duration_ms", "max_latency_ms")
 LATENCY_MARGIN = 3.0  # a wall-clock limit is at least p99 of the basis tasks' durations x this
 LATENCY_PERCENTILE = 99.0
+UNCLASSIFIED = "unclassified"  # by class: the profile of tasks without a class (the default profile)
 SHOWN_CUTS = 5  # cut tasks listed per profile besides the correct ones (those are all listed)
 APPROXIMATION = "approximated by proportion: records carry per-task totals, not per-call timelines"
 
@@ -98,6 +99,7 @@ class Advice:
     left_out: tuple[str, ...]  # comment lines: dimensions not proposed, and why
     cuts: tuple[Cut, ...]
     cost_usd: float  # what the profile's tasks spent
+    cls: str | None = None  # the query class the profile is for (recommend by class)
 
 
 def _round_up(value: float, dimension: str) -> float:
@@ -200,17 +202,25 @@ def advise(name: str, recs: Sequence[Mapping[str, Any]], pct: float = 100.0, hea
 
 
 def recommend(records: Iterable[Mapping[str, Any]], percentile_: float = 100.0, headroom: float = 1.0,
-              latency: bool = False) -> list[Advice]:
-    """Per profile (sorted by name; records without one are left out), limits over its basis."""
+              latency: bool = False, by: str = "profile") -> list[Advice]:
+    """Limits over each group's basis, sorted by name. `by="profile"`: per profile (records without
+    one are left out); `by="class"`: a profile per query class (format_advice maps each class to
+    it), tasks without a class under UNCLASSIFIED."""
     if not 0 < percentile_ <= 100:
         raise ReportError(f"percentile {percentile_!r} must be in (0, 100]")
     if not headroom >= 1:
         raise ReportError(f"headroom {headroom!r} must be >= 1 (a limit below what a task used cuts it)")
-    by_profile: dict[str, list[Mapping[str, Any]]] = {}
+    if by not in ("profile", "class"):
+        raise ReportError(f"cannot recommend by {by!r}; expected profile or class")
+    groups: dict[str, list[Mapping[str, Any]]] = {}
     for rec in records:
-        by_profile.setdefault(str(rec.get("profile") or "-"), []).append(rec)
-    by_profile.pop("-", None)
-    return [advise(name, by_profile[name], percentile_, headroom, latency) for name in sorted(by_profile)]
+        groups.setdefault(str(rec.get(by) or "-"), []).append(rec)
+    if by == "profile":
+        groups.pop("-", None)
+    elif "-" in groups:
+        groups[UNCLASSIFIED] = groups.pop("-") + groups.get(UNCLASSIFIED, [])
+    advice = [advise(name, groups[name], percentile_, headroom, latency) for name in sorted(groups)]
+    return [replace(a, cls=a.profile) for a in advice] if by == "class" else advice
 
 
 # ---- output -------------------------------------------------------------------------------------
@@ -249,7 +259,8 @@ def format_advice(advice: Sequence[Advice], percentile_: float = 100.0, headroom
     cuts = [c for a in advice for c in a.cuts]
     lost = [c for c in cuts if c.correct]
     lines = [
-        f"# ragtoll recommend: per profile, {_rule(percentile_, headroom)}",
+        f"# ragtoll recommend: per {'query class' if any(a.cls for a in advice) else 'profile'}, "
+        f"{_rule(percentile_, headroom)}",
         f"# expected saving on these records: {format_usd(_saved(cuts))} of {format_usd(total)}"
         + (f" ({_saved(cuts) / total:.1%})" if total > 0 else "")
         + f", {len(cuts)} task(s) cut, {len(lost)} of them correct",
@@ -259,9 +270,15 @@ def format_advice(advice: Sequence[Advice], percentile_: float = 100.0, headroom
         lines.append(f"# CORRECT TASKS THESE LIMITS CUT ({len(lost)}): drop --percentile to keep them")
         lines += [_cut_line(c) for c in lost]
     lines.append("budgets:")
-    if advice:
+    names = [a.profile for a in advice]
+    if UNCLASSIFIED in names and any(a.cls for a in advice):
+        lines.append(f"  default_profile: {UNCLASSIFIED}  # tasks without a class")
+    elif advice:
         default = max(advice, key=lambda a: a.tasks).profile
         lines.append(f"  default_profile: {_yaml_key(default)}  # the profile most tasks used")
+    classes = [a.cls for a in advice if a.cls and a.cls != UNCLASSIFIED]
+    if classes:
+        lines.append("  classes: {" + ", ".join(f"{_yaml_key(c)}: {_yaml_key(c)}" for c in classes) + "}")
     lines.append("  profiles:" if advice else "  profiles: {}  # no task records with a profile")
     for a in advice:
         lines += _profile_lines(a)

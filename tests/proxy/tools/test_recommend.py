@@ -34,6 +34,7 @@ class Call:
 class Task:
     task_id: str
     profile: str
+    cls: str
     correct: bool | None
     calls: tuple[Call, ...]
 
@@ -60,6 +61,7 @@ def tasks(draw: st.DrawFn) -> list[Task]:
             at += gap if n else 0
             calls.append(Call(at, charge, query))
         out.append(Task(f"t{i}", draw(st.sampled_from(["tight", "bounded"])),
+                        draw(st.sampled_from(["simple_fact", "multi_hop", ""])),
                         draw(st.sampled_from([True, True, False, None])), tuple(calls)))
     return out
 
@@ -69,7 +71,7 @@ T0 = 1_700_000_000_000
 
 def replay(task: Task, limits: dict[str, int] | None = None) -> tuple[Ledger, str | None]:
     """The task's calls through core/budget (admit, then charge) until one is refused."""
-    ledger = Ledger(task.task_id, task.profile, started_ms=T0, last_ms=T0)
+    ledger = Ledger(task.task_id, task.profile, task.cls, started_ms=T0, last_ms=T0)
     queries: set[str] = set()
     for call in task.calls:
         new = call.query is not None and call.query not in queries
@@ -100,16 +102,24 @@ def limits_from_yaml(text: str) -> dict[str, dict[str, int]]:
 # ---- the promise --------------------------------------------------------------------------------
 
 
+def profile_of(t: Task, text: str, by: str) -> str:
+    """The profile ragtoll would pick for `t` under the printed section (by class: its class's)."""
+    budgets = config.parse(yaml.safe_load(text)).budgets
+    return budgets.classes.get(t.cls, budgets.default_profile) if by == "class" else t.profile
+
+
 @PROPERTY
-@given(tasks(), st.floats(1.0, 2.0), st.booleans())
+@given(tasks(), st.floats(1.0, 2.0), st.booleans(), st.sampled_from(["profile", "class"]))
 def test_recommended_limits_admit_every_call_of_every_task_not_judged_wrong(
-    ts: list[Task], headroom: float, latency: bool
+    ts: list[Task], headroom: float, latency: bool, by: str
 ) -> None:
-    text = recommend.format_advice(recommend.recommend(records_of(ts), 100, headroom, latency), 100, headroom)
+    advice = recommend.recommend(records_of(ts), 100, headroom, latency, by)
+    text = recommend.format_advice(advice, 100, headroom)
     limits = limits_from_yaml(text)
     for t in ts:
         if t.correct is not False:
-            assert replay(t, limits[t.profile])[1] is None, (t, limits[t.profile])
+            profile = profile_of(t, text, by)
+            assert replay(t, limits[profile])[1] is None, (t, limits[profile])
     assert "0 of them correct" in text
 
 

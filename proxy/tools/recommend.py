@@ -260,7 +260,7 @@ def format_advice(advice: Sequence[Advice], percentile_: float = 100.0, headroom
     lost = [c for c in cuts if c.correct]
     lines = [
         f"# ragtoll recommend: per {'query class' if any(a.cls for a in advice) else 'profile'}, "
-        f"{_rule(percentile_, headroom)}",
+        + _rule(percentile_, headroom),
         f"# expected saving on these records: {format_usd(_saved(cuts))} of {format_usd(total)}"
         + (f" ({_saved(cuts) / total:.1%})" if total > 0 else "")
         + f", {len(cuts)} task(s) cut, {len(lost)} of them correct",

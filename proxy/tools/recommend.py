@@ -179,6 +179,12 @@ def advise(name: str, recs: Sequence[Mapping[str, Any]], pct: float = 100.0, hea
     limits = [lim for key, dim in RETRIEVAL_COUNTS if (lim := _limit(key, dim, basis, pct, headroom))]
     limits += [lim for key, dim in LLM_COUNTS if (lim := _limit(key, dim, basis, 100, headroom))]
     left_out = []
+    refused = [str(r["task_id"]) for r in recs
+               if _correct(r) is False and (r.get("rejections") or r.get("exhausted"))]
+    if refused:
+        left_out.append(f"WARNING: {len(refused)} task(s) judged wrong after ragtoll refused a call "
+                        f"({', '.join(refused[:SHOWN_CUTS])}{' ...' if len(refused) > SHOWN_CUTS else ''}): "
+                        "the refusal may be why, yet they are not in the basis; recommend from shadow records")
     for key, dim in AMOUNTS:
         lim = _limit(key, dim, basis, 100, headroom)
         if lim is None:

@@ -191,6 +191,15 @@ def test_a_percentile_tightens_only_the_limits_that_refuse_a_retrieval() -> None
     assert all(c.dimension == "max_retrieval_calls" and c.correct for c in advice.cuts)
 
 
+def test_tasks_judged_wrong_after_a_refusal_are_called_out() -> None:
+    cut = _rec("c", False, steps=8) | {"rejections": {"max_steps": 1}, "exhausted": "max_steps"}
+    (advice,) = recommend.recommend([_rec("a", True, steps=3), cut])
+    (warning,) = [n for n in advice.left_out if n.startswith("WARNING")]
+    assert "1 task(s) judged wrong after ragtoll refused a call (c)" in warning
+    (advice,) = recommend.recommend([_rec("a", True, steps=3), _rec("b", False, steps=8)])
+    assert not [n for n in advice.left_out if n.startswith("WARNING")]
+
+
 def test_stall_limits_are_not_proposed_from_final_streaks() -> None:
     (advice,) = recommend.recommend([_rec("a", True, retrieval_calls=5, stalled_retrievals=1)])
     assert "max_stalled_retrievals" not in [lim.dimension for lim in advice.limits]

@@ -242,6 +242,12 @@ def test_output_passes_check_config(tmp_path: pathlib.Path, capsys: pytest.Captu
     # the fixture's correct tight tasks used at most 3 retrieval calls; t5 (wrong) used 8
     assert profiles["tight"]["max_retrieval_calls"] == 3
     assert "t5 (wrong): max_context_tokens 9000 > 3000" in out
+    # by class: a profile per class, each class mapped to it
+    assert main(["recommend", str(FIXTURE), "--by", "class"]) == 0
+    path.write_text(out := capsys.readouterr().out)
+    assert main(["check-config", str(path)]) == 0
+    budgets = yaml.safe_load(out)["budgets"]
+    assert budgets["classes"] == {c: c for c in budgets["profiles"]} and "simple_fact" in budgets["classes"]
 
 
 def test_tiny_cost_limits_print_without_an_exponent() -> None:

@@ -243,6 +243,7 @@ def test_output_passes_check_config(tmp_path: pathlib.Path, capsys: pytest.Captu
     assert profiles["tight"]["max_retrieval_calls"] == 3
     assert "t5 (wrong): max_context_tokens 9000 > 3000" in out
     # by class: a profile per class, each class mapped to it
+    capsys.readouterr()
     assert main(["recommend", str(FIXTURE), "--by", "class"]) == 0
     path.write_text(out := capsys.readouterr().out)
     assert main(["check-config", str(path)]) == 0

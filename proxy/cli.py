@@ -213,10 +213,15 @@ def _add_evaluation_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
                         help="write the comparison figure (.png, .svg or .pdf; the plot extra: matplotlib)")
     report.add_argument("--config", metavar="FILE", help="ragtoll config whose profile limits the figure draws")
     report.add_argument("--top", type=int, default=8, metavar="N", help="costliest tasks in the figure (8)")
-    recommend = sub.add_parser("recommend", help="suggested budget limits per profile from observed tasks")
+    recommend = sub.add_parser("recommend", help="budget limits per profile that cut no correct recorded task")
     recommend.add_argument("records", nargs="?", help="task records JSONL file (or use --redis-url and --stream)")
-    recommend.add_argument("--percentile", type=float, default=95.0, help="percentile of correct tasks' use (95)")
-    recommend.add_argument("--headroom", type=float, default=1.2, help="multiplier on that percentile (1.2)")
+    recommend.add_argument("--percentile", type=float, default=100.0,
+                           help="of what tasks not judged wrong used (100: the most; lower lists the correct tasks it cuts)")
+    recommend.add_argument("--headroom", type=float, default=1.0, help="multiplier on that value, >= 1 (1)")
+    recommend.add_argument("--by", choices=("profile", "class"), default="profile",
+                           help="limits per profile, or a profile per query class (mapped under classes:)")
+    recommend.add_argument("--latency", action="store_true",
+                           help="also propose max_latency_ms (machine-dependent; at least p99 x 3 of the durations)")
     for p in (report, recommend):
         p.add_argument("--redis-url", help="read a Redis Stream of task records instead of a file")
         p.add_argument("--stream", default="ragtoll:records", help="stream key (default: ragtoll:records)")
@@ -278,8 +283,10 @@ def _run_evaluation_command(args: argparse.Namespace) -> int:
         runs += [(path, report.read_jsonl(path)) for path in files]
         if args.command == "recommend":
             records = [r for _, recs in runs for r in recs]
-            advice = report.recommend(records, args.percentile, args.headroom)
-            sys.stdout.write(report.format_advice(advice, args.percentile, args.headroom))
+            from .tools import recommend
+
+            advice = recommend.recommend(records, args.percentile, args.headroom, args.latency, args.by)
+            sys.stdout.write(recommend.format_advice(advice, args.percentile, args.headroom))
             return 0
         labels = report_compare.run_labels([source for source, _ in runs], args.label)
         compared = [report_compare.Run(label, recs) for label, (_, recs) in zip(labels, runs, strict=True)]

@@ -1,6 +1,6 @@
 """Does a budget stop the loop or the answer? Agent styles x one workload, shadow vs enforced.
 
-    python -m bench.eval_agents [--quick] [--config ragtoll.yaml] [--recommend] [--records DIR]
+    python -m bench.eval_agents [--quick] [--config ragtoll.yaml] [--recommend [--recommend-percentile P]] [--records DIR]
                                 [--out bench/results/eval_agents.json] [--styles lean,runaway] [--check]
 
 Run 1, shadow: budgets evaluated, nothing rejected, evidence cache off (the baseline). Run 2,
@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 import yaml
-from ragtoll.proxy.tools import report
+from ragtoll.proxy.tools import recommend, report
 
 from . import harness, scoring
 from .workload import STYLES, load_gold, load_tasks
@@ -32,9 +32,27 @@ from .workload import STYLES, load_gold, load_tasks
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "eval_agents.json")
 
 
-def recommended(records_file: str) -> str:
-    """`ragtoll recommend <records_file>` with its defaults (p95 x 1.2), as the YAML it prints."""
-    return report.format_advice(report.recommend(report.read_jsonl(records_file)), 95.0, 1.2)
+def recommended(records_file: str, pct: float = 100.0) -> tuple[str, list[recommend.Advice]]:
+    """`ragtoll recommend <records_file> --percentile pct` (no wall-clock limit): the YAML it
+    prints and its advice (the simulated cuts)."""
+    advice = recommend.recommend(report.read_jsonl(records_file), pct)
+    return recommend.format_advice(advice, pct), advice
+
+
+def prediction(advice: list[recommend.Advice], c: scoring.Comparison) -> str:
+    """What recommend's simulation predicted over the shadow records against what the run measured."""
+    cuts = [cut for a in advice for cut in a.cuts]
+    predicted = sum(cut.saved_usd for cut in cuts)
+    shadow = sum(t.cost_shadow for t in c.tasks)
+    saved = shadow - sum(t.cost_enforced for t in c.tasks)
+    correct = [cut.task_id.removeprefix("eval-shadow-") for cut in cuts if cut.correct]
+    lost = [t.id for t in c.tasks if t.lost]
+    return (f"recommend predicted (from the shadow records): {len(cuts)} task(s) cut, {len(correct)} of them "
+            f"correct{': ' + ', '.join(correct) if correct else ''}; saving ${predicted:.4f} "
+            f"({predicted / shadow:.1%})\n"
+            f"measured (run 3 against run 1, the config's evidence cache included): saved ${saved:.4f} "
+            f"({saved / shadow:.1%}); "
+            f"{len(lost)} correct answer(s) lost{': ' + ', '.join(lost) if lost else ''}\n")
 
 
 def with_recommendation(raw: dict[str, Any], snippet: str) -> dict[str, Any]:
@@ -52,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the first 3 tasks of each style")
     ap.add_argument("--config", help="ragtoll YAML under test (default: the embedded defaults)")
     ap.add_argument("--recommend", action="store_true", help="also run with `ragtoll recommend`'s limits")
+    ap.add_argument("--recommend-percentile", type=float, default=100.0, metavar="P",
+                    help="run 3 with `ragtoll recommend --percentile P` (default 100: the most a correct task used)")
     ap.add_argument("--records", help="keep the task records (and the recommended YAML) in this directory")
     ap.add_argument("--out", default=DEFAULT_OUT, help="JSON results (default bench/results/eval_agents.json)")
     ap.add_argument("--check", action="store_true", help="exit 1 when an enforced run misses a target")
@@ -79,9 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="ragtoll-eval-") as tmp, harness.stack_up() as stack:
         shadow, shadow_file = harness.run_workload(stack, "shadow", tasks, gold, raw, shadow=True, workdir=tmp)
         runs = [("enforced", raw)]
-        snippet = None
+        snippet, advice = None, []
         if args.recommend:
-            snippet = recommended(shadow_file)
+            snippet, advice = recommended(shadow_file, args.recommend_percentile)
             runs.append(("recommend", with_recommendation(raw, snippet)))
             out["recommend_yaml"] = snippet
         files = {"shadow": shadow_file}
@@ -89,10 +109,14 @@ def main(argv: list[str] | None = None) -> int:
         for label, cfg in runs:
             enforced, files[label] = harness.run_workload(stack, label, tasks, gold, cfg, shadow=False, workdir=tmp)
             c = scoring.compare(label, shadow, enforced, gold)
-            title = config_name if label == "enforced" else "`ragtoll recommend` limits (p95 x 1.2 of correct shadow tasks)"
+            title = config_name if label == "enforced" else (
+                "`ragtoll recommend` limits (" + ("the most" if args.recommend_percentile >= 100
+                else f"p{args.recommend_percentile:g} of what") + " a correct shadow task used)")
             w(f"== {label}: {title}\n")
             w(scoring.table(c))
             w(scoring.details(c))
+            if label == "recommend":
+                w(prediction(advice, c))
             w("\n")
             out["comparisons"][label] = scoring.as_json(c)
         if args.records:

@@ -99,43 +99,6 @@ def test_formats_json_csv_table_agree(records: list[dict[str, object]]) -> None:
         report.format_rows(rows, "xml")
 
 
-def test_recommend_takes_the_percentile_of_correct_tasks_with_headroom(
-    records: list[dict[str, object]],
-) -> None:
-    advice = {a.profile: a for a in report.recommend(records, 95, 1.2)}
-    tight = advice["tight"]
-    assert (tight.tasks, tight.basis, tight.basis_label) == (6, 3, "correct")
-    by_dim = {s.dimension: s for s in tight.suggestions}
-    # correct tasks used 1, 2, 3 retrieval calls: p95 = 2.9, x1.2 = 3.48, rounded up to 4
-    assert by_dim["max_retrieval_calls"].observed == pytest.approx(2.9)
-    assert by_dim["max_retrieval_calls"].limit == 4
-    assert (by_dim["max_retrieval_calls"].cut, by_dim["max_retrieval_calls"].cut_correct) == (1, 0)  # t5
-    assert by_dim["max_cost_usd"].limit >= 0.00372 * 1.2
-    assert tight.cut_any == 1
-    # a tighter rule cuts correct tasks too, and says so
-    strict = {s.dimension: s for s in report.recommend(records, 50, 1.0)[1].suggestions}
-    assert strict["max_retrieval_calls"].limit == 2
-    assert (strict["max_retrieval_calls"].cut, strict["max_retrieval_calls"].cut_correct) == (2, 1)
-
-
-def test_recommend_without_outcomes_uses_tasks_that_did_not_exhaust(records: list[dict[str, object]]) -> None:
-    unjudged = [dict(r, outcome=None) for r in records if r["profile"] == "bounded"]
-    (advice,) = report.recommend(unjudged)
-    assert (advice.basis, advice.basis_label) == (3, "not exhausted")
-
-
-def test_recommend_snippet_is_yaml_config(records: list[dict[str, object]]) -> None:
-    import yaml
-    from ragtoll.proxy import config
-
-    snippet = report.format_advice(report.recommend(records), 95, 1.2)
-    parsed = yaml.safe_load(snippet)
-    assert parsed["budgets"]["profiles"]["tight"]["max_retrieval_calls"] == 4
-    parsed["budgets"]["default_profile"] = "tight"
-    settings = config.parse(parsed)  # pastes straight into a config file
-    assert settings.budgets.profiles["bounded"].max_steps == 6
-
-
 def test_bad_records_name_the_line(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"task_id": "a", "cost_usd": 0.1}\n\n{"task_id": "b", "steps": "many"}\n')

@@ -56,6 +56,9 @@ BUDGET_EXCEEDED = "ragtoll.budget.exceeded"
 BUDGET_EXCEEDED_DIMENSION = "ragtoll.budget.exceeded.dimension"
 BUDGET_WOULD_REJECT = "ragtoll.budget.would_reject"
 BUDGET_STREAM_CUT = "ragtoll.budget.stream_cut"
+# a stream: output tokens its reservation held at the end (reservation plus extensions), and how many extensions
+BUDGET_STREAM_HELD = "ragtoll.budget.stream.held_tokens"
+BUDGET_STREAM_EXTENSIONS = "ragtoll.budget.stream.extensions"
 BUDGET_NOTES = "ragtoll.budget.notes"  # why budget baggage or a profile request was ignored
 
 

@@ -7,6 +7,7 @@ the pipeline and every stage: it imports value types only, and those of other ro
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -80,6 +81,9 @@ class Exchange:
     filing: Filing | None = None  # a cache miss's evidence, filed in on_end
     ticket: Ticket | None = None  # the budget's reservation for this call
     degraded: str | None = None  # why the budget did not apply (store trouble, on_store_error: open)
+    # set by an `on_chunk` that holds the chunk back: the forwarder awaits it before sending the
+    # chunk, and sends instead the bytes it returns and ends the stream (None: send the chunk)
+    gate: Callable[[], Awaitable[bytes | None]] | None = None
 
 
 class Stage:
@@ -96,7 +100,8 @@ class Stage:
         return None
 
     def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None:
-        """Each decoded response chunk; return bytes to end the stream with them instead of the rest."""
+        """Each decoded response chunk; return bytes to end the stream with them instead of the rest,
+        or set `ex.gate` to hold the chunk back until the gate's awaitable decides."""
         return None
 
     async def on_response(self, ex: Exchange) -> None:

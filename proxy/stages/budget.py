@@ -11,6 +11,7 @@ degraded (`on_store_error: open`) or answers 503 (`closed`).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from ..config import Profile, Settings, Timeouts
 from ..core import budget as bm
 from ..core.budget import Actual, Charge, Ledger, Selection, Ticket
 from ..core.classifier import classify as _classify
+from ..core.hold import Grant, StreamHold
 from ..core.pricing import Prices, Quote, allowed_output
 from ..core.profiles import Profiles
 from ..core.signing import verify_budget_baggage
@@ -43,7 +45,9 @@ class BudgetStage(Stage):
         self.settings = settings
         self.cfg = settings.budgets
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
-        self.store = Breaker(store, settings.store_timeout_ms / 1000, self._wall_ms)
+        self.store = Breaker(store, settings.store_timeout_ms / 1000, self._wall_ms,
+                             self.cfg.reservation_ttl_s * 1000)
+        self._extensions: set[asyncio.Task[None]] = set()  # stream extensions on their way
         self.prices: Prices | None = Prices.from_settings(settings)
         self.profiles = Profiles(self.cfg, classify or _classify)
         self.hmac_key = hmac_key
@@ -232,7 +236,8 @@ class BudgetStage(Stage):
         )
 
     def _prepare_stream(self, ex: Exchange, ticket: Ticket, ledger: Ledger, now: int, quote: Quote | None) -> None:
-        """Allowances for mid-stream enforcement, and the upstream timeout clamped to the deadline."""
+        """The stream's hold (its own reservation, extended as it runs), and the upstream timeout
+        clamped to the deadline."""
         limits, charge = ticket.limits, ticket.charge
         deadline = limits.get("max_latency_ms")
         if deadline is not None and ledger.started_ms and not ticket.shadow:
@@ -243,32 +248,94 @@ class BudgetStage(Stage):
                                    min(t.pool, left_s))
         if not ex.call.stream or charge.completion_reserve <= 0:
             return
+        # its reservation, but never more than the task had left when it was admitted: the holds
+        # of a task's streams never add up to more than its limit
+        tokens = cost = None
         comp = limits.get("max_completion_tokens")
         if comp is not None:
-            ticket.token_allowance = max(0, comp - (ledger.used("completion_tokens") - charge.completion_reserve))
-        cost = limits.get("max_cost_usd")
-        if cost is not None and quote is not None and ex.call.operation in bm.LLM_OPERATIONS:
-            ticket.out_price_nusd = max(0.0, quote.per_output_usd) * bm.NANO
+            before = ledger.used("completion_tokens") - charge.completion_reserve
+            tokens = min(charge.completion_reserve, max(0, comp - before))
+        price = 0.0
+        limit = limits.get("max_cost_usd")
+        if limit is not None and quote is not None and ex.call.operation in bm.LLM_OPERATIONS:
+            price = max(0.0, quote.per_output_usd) * bm.NANO
             before = ledger.used("cost_nusd") - charge.cost
-            ticket.cost_allowance = max(0, cost - before - charge.cost_certain)
+            cost = min(charge.cost_reserve, max(0, limit - before - charge.cost_certain)) if price > 0 else None
+        if tokens is not None or cost is not None:
+            ticket.hold = StreamHold(tokens, cost, price, self.cfg.stream_extension_tokens)
 
     # --- while streaming ----------------------------------------------------------------------------
 
     def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None:
+        """Never lets output past what the stream holds: asks the store ahead for the next chunk of
+        hold, holds a chunk back (`ex.gate`) while an extension it needs is on its way, and cuts
+        the stream when the task has nothing left to extend with (or the deadline passed)."""
         ticket = ex.ticket
         if ticket is None or not ticket.admitted or not ex.call.stream or ticket.cut:
             return None
         seen = ex.observation.output_tokens_seen
+        hold = ticket.hold
         dim = None
-        if ticket.token_allowance is not None and seen > ticket.token_allowance:
-            dim = "max_completion_tokens"
-        elif ticket.cost_allowance is not None and seen * ticket.out_price_nusd > ticket.cost_allowance:
-            dim = "max_cost_usd"
-        elif ticket.deadline_ms is not None and self._wall_ms() >= ticket.deadline_ms:
+        if hold is not None:
+            if hold.wants_more(seen) and ticket.extending is None:
+                self._extend(ex, ticket, seen)
+            dim = hold.over(seen)
+            if dim is not None and ticket.extending is not None and not ticket.shadow:
+                ex.gate = functools.partial(self._wait, ex, ticket, chunk)
+                return None
+        if dim is None and ticket.deadline_ms is not None and self._wall_ms() >= ticket.deadline_ms:
             dim = "max_latency_ms"
-        if dim is None:
+        if dim is None or (ticket.shadow and hold is not None and ticket.extending is not None):
             ticket.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and ticket.tail_clean)
             return None
+        return self._cut(ex, ticket, dim, chunk, seen)
+
+    async def _wait(self, ex: Exchange, ticket: Ticket, chunk: bytes) -> bytes | None:
+        """The gate of a held-back chunk: wait for the extensions it needs; None sends it, bytes end
+        the stream instead (the task had nothing left)."""
+        seen = ex.observation.output_tokens_seen
+        while True:
+            if ticket.extending is not None:
+                await asyncio.wait({ticket.extending})
+            hold = ticket.hold
+            dim = hold.over(seen) if hold is not None else None
+            if dim is None:
+                ticket.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and ticket.tail_clean)
+                return None
+            if hold is not None and hold.refused:
+                return self._cut(ex, ticket, dim, chunk, seen)
+            self._extend(ex, ticket, seen)
+
+    def _extend(self, ex: Exchange, ticket: Ticket, seen: int) -> None:
+        """Ask the store for the stream's next chunk of hold, in the background."""
+        assert ticket.hold is not None and ex.task is not None
+        ask = ticket.hold.ask(seen)
+        task = asyncio.get_running_loop().create_task(self._extension(ex, ticket, ask))
+        ticket.extending = task
+        self._extensions.add(task)  # the loop keeps only weak references to tasks
+        task.add_done_callback(self._extensions.discard)
+
+    async def _extension(self, ex: Exchange, ticket: Ticket, ask: Grant) -> None:
+        assert ex.task is not None and ticket.hold is not None
+        try:
+            grant = await self.store.extend(ex.task.id, ticket.reservation, ask.tokens, ask.cost_nusd, ticket.limits)
+        except Exception as exc:  # noqa: BLE001 - as for a reserve: open goes on unbudgeted, closed stops
+            if ex.span is not None:
+                ex.span.set_attribute(sc.DEGRADED, True)
+                ex.span.add_event(sc.EVENT_DEGRADED, {"reason": f"extend failed: {type(exc).__name__}",
+                                                      "on_store_error": self.settings.on_store_error})
+            if self.settings.on_store_error == "closed":
+                ticket.hold.refused = True
+            else:
+                ticket.hold = None
+            return
+        finally:
+            ticket.extending = None
+        ticket.hold.add(grant)
+        ticket.extensions += 1
+
+    def _cut(self, ex: Exchange, ticket: Ticket, dim: str, chunk: bytes, seen: int) -> bytes | None:
+        """End the stream at `chunk` (enforce), or record once that enforcement would have (shadow)."""
         self._flush_annotation(ticket)  # the reservation's events come before the cut's
         if ticket.shadow:  # record once what enforcement would have done; never cut
             ticket.cut = dim
@@ -337,6 +404,9 @@ class BudgetStage(Stage):
         if span is None or not span.is_recording():
             return ledger
         span.set_attribute(sc.COST_USD, ticket.cost_usd)
+        if ticket.hold is not None:
+            span.set_attribute(sc.BUDGET_STREAM_EXTENSIONS, ticket.extensions)
+            span.set_attribute(sc.BUDGET_STREAM_HELD, max(0, int(ticket.hold.headroom(0))))
         if ledger is not None:
             now = self._wall_ms()
             left = bm.remaining(ticket.limits, ledger, None, now)

@@ -17,6 +17,7 @@ from ..core.hold import Grant, grant_extension
 from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, new_reservation_id, reservation_expiry, wants_seen
 
 DEFAULT_MAX_TASKS = 200_000
+MAX_TOMBSTONES = 100_000  # reservations cancelled before their reserve came (the oldest are forgotten)
 
 
 @dataclass(slots=True)
@@ -34,22 +35,21 @@ class _Task:
     queries: set[str] | None = None
     chunks: set[str] | None = None
     holds: dict[str, _Hold] = field(default_factory=dict)  # reservation id -> in flight
-    cancelled: set[str] | None = None  # ids cancelled before their reserve arrived (tombstones)
 
 
 class MemoryStore:
     def __init__(self, max_tasks: int = DEFAULT_MAX_TASKS) -> None:
         self._tasks: OrderedDict[str, _Task] = OrderedDict()
         self._max_tasks = max_tasks
+        self._cancelled: OrderedDict[tuple[str, str], None] = OrderedDict()  # (task, reservation id)
         self.evicted = 0
 
     async def reserve(self, task_id: str, meta: TaskMeta, limits: Mapping[str, int], charge: Charge,
                       now_ms: int, shadow: bool = False, *, reservation_id: str = "",
                       expires_ms: int = 0) -> Decision:
+        if self._cancelled and self._cancelled.pop((task_id, reservation_id), False) is None:
+            return Decision(False, None, Ledger(task_id), Reservation())  # its caller gave up on it
         task = self._tasks.get(task_id)
-        if task is not None and task.cancelled and reservation_id in task.cancelled:
-            task.cancelled.discard(reservation_id)  # its caller gave up on it: charge nothing
-            return Decision(False, None, _copy(task.ledger), Reservation())
         if task is None:
             task = _Task(Ledger(task_id, meta.profile, meta.cls, meta.route, started_ms=now_ms, last_ms=now_ms,
                                 source=meta.source, trace_id=meta.trace_id))
@@ -106,13 +106,11 @@ class MemoryStore:
 
     async def cancel(self, task_id: str, reservation_id: str, now_ms: int) -> bool:
         task = self._tasks.get(task_id)
-        if task is None:
-            return False
-        hold = task.holds.pop(reservation_id, None)
-        if hold is None:
-            if task.cancelled is None:
-                task.cancelled = set()
-            task.cancelled.add(reservation_id)
+        hold = task.holds.pop(reservation_id, None) if task is not None else None
+        if task is None or hold is None:  # not come yet (or settled: a harmless tombstone)
+            self._cancelled[(task_id, reservation_id)] = None
+            while len(self._cancelled) > MAX_TOMBSTONES:
+                self._cancelled.popitem(last=False)
             return False
         res, ledger = hold.reservation, task.ledger
         apply_charge(ledger, hold.charge, res.new_query, now_ms, sign=-1)

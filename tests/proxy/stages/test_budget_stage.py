@@ -65,6 +65,7 @@ class CountingStore:
         self.reserves: Counter[str] = Counter()
         self.settles = 0
         self.cancels = 0
+        self.late_cancels = False  # cancels answer late too (after a late reserve landed)
         self.landed: list[asyncio.Task[Decision]] = []
 
     def failure_domain(self, task_id: str) -> str:
@@ -95,7 +96,13 @@ class CountingStore:
 
     async def cancel(self, task_id: str, reservation_id: str, now_ms: int) -> bool:
         self.cancels += 1
-        return await self.inner.cancel(task_id, reservation_id, now_ms)
+
+        async def run() -> bool:
+            if self.late_cancels:
+                await asyncio.sleep(self.late_s * 1.5)
+            return await self.inner.cancel(task_id, reservation_id, now_ms)
+
+        return await asyncio.shield(asyncio.ensure_future(run()))
 
     async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
         self.settles += 1
@@ -374,3 +381,54 @@ async def test_a_failed_settle_is_recorded_and_does_not_raise() -> None:
     assert span.attributes[sc.DEGRADED] is True
     assert [e.attributes["reason"] for e in span.events if e.name == sc.EVENT_DEGRADED] == \
         ["settle failed: ConnectionError"]
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+@pytest.mark.parametrize("first", ["cancel", "reserve"])
+async def test_a_reserve_that_lands_after_its_timeout_is_cancelled(mode: str, first: str) -> None:
+    """A paused store works through its backlog: the reserve the call stopped waiting for still
+    runs, before or after the cancel that follows it. The call was not admitted (503, or forwarded
+    unbudgeted), so nothing stays charged or in flight."""
+    xs = Exchanges(budgets=budgets(max_steps=100), on_store_error=mode, store_timeout_ms=50)
+    inner = MemoryStore()
+    store = CountingStore(inner, late={"a"}, late_s=0.2)
+    store.late_cancels = first == "reserve"
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    ex = xs(task="a1")
+    if mode == "closed":
+        with pytest.raises(StoreUnavailable):
+            await stage.on_request(ex)
+    else:
+        assert await stage.on_request(ex) is None and ex.degraded is not None
+    await asyncio.gather(*store.landed)
+    # the store admitted it after the caller gave up, unless the cancel came first
+    assert (await store.landed[0]).admitted == (first == "reserve")
+    for _ in range(100):  # the cancel is retried in the background until the store takes it
+        ledger = await inner.get_task("a1")
+        if ledger is None or (ledger.used("steps"), ledger.used("inflight")) == (0, 0):
+            break
+        await asyncio.sleep(0.02)
+    if first == "cancel":
+        assert ledger is None  # the task never started
+    else:
+        assert ledger is not None and (ledger.used("steps"), ledger.used("calls"), ledger.used("inflight")) == (0, 0, 0)
+    assert store.cancels >= 1
+
+
+async def test_a_failed_settle_is_retried_until_the_store_takes_it() -> None:
+    xs = Exchanges()
+    inner = MemoryStore()
+    store = CountingStore(inner)
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    ex = xs()
+    await stage.on_request(ex)
+    answer(ex, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    store.fail_settle = 2
+    await stage.on_end(ex)
+    for _ in range(100):
+        ledger = await inner.get_task("task-1")
+        if ledger is not None and ledger.used("inflight") == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert ledger is not None and ledger.used("inflight") == 0 and ledger.used("completion_tokens") == 1
+    assert store.settles == 3

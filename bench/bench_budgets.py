@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_proxy import CHAT, SEARCH, STREAM, free_port, pct, stop, uvicorn_proc, wait_port
+from bench_proxy import CHAT, SEARCH, STREAM, free_port, pct, uvicorn_cmd, wait_port
 from loadgen import Conn
 
 HERE = Path(__file__).parent
@@ -37,6 +37,22 @@ HUGE = {"max_steps": 10**9, "max_calls": 10**9, "max_retrieval_calls": 10**9, "m
         "max_rerank_calls": 10**9, "max_context_tokens": 10**12, "max_prompt_tokens": 10**9,
         "max_completion_tokens": 10**12, "max_cost_usd": 10**6, "max_latency_ms": 10**12,
         "max_stalled_retrievals": 10**9}
+
+
+def uvicorn_proc(target: str, port: int) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen(uvicorn_cmd(target, port), cwd=HERE)
+    wait_port(port, p)
+    return p
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def redis_server(port: int) -> subprocess.Popen[bytes]:

@@ -372,7 +372,7 @@ class Ticket:
     shadow: bool
     hold: StreamHold | None = None  # a stream: what it may deliver (its reservation plus extensions)
     extending: asyncio.Task[None] | None = None  # the extension on its way to the store
-    extensions: int = 0  # extensions granted
+    extensions: int = 0  # extensions the store granted (some tokens at least)
     deadline_ms: int | None = None
     tail_clean: bool = True  # the bytes sent so far end on an SSE event boundary
     dimension: str | None = None  # the limit that refused (enforce) or would have refused (shadow) the call

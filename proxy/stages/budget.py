@@ -332,7 +332,7 @@ class BudgetStage(Stage):
         finally:
             ticket.extending = None
         ticket.hold.add(grant)
-        ticket.extensions += 1
+        ticket.extensions += grant.tokens > 0
 
     def _cut(self, ex: Exchange, ticket: Ticket, dim: str, chunk: bytes, seen: int) -> bytes | None:
         """End the stream at `chunk` (enforce), or record once that enforcement would have (shadow)."""

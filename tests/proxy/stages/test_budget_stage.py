@@ -241,6 +241,27 @@ async def test_stream_cut_on_an_event_boundary_adds_only_the_end_and_is_on_the_s
     assert [(e.attributes["stream_cut"], e.attributes["output_tokens_seen"]) for e in cut_events] == [(True, 3)]
 
 
+async def test_a_stream_extends_its_own_reservation_and_holds_output_back_until_granted() -> None:
+    xs = Exchanges(budgets=budgets(max_completion_tokens=600))
+    store = MemoryStore()
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
+    await stage.on_request(ex)
+    ex.observation.output_tokens_seen = 60  # past the 50 tokens it holds
+    assert stage.on_chunk(ex, EVENT) is None and ex.gate is not None  # held back: neither sent nor cut
+    gate, ex.gate = ex.gate, None
+    assert await gate() is None  # granted: now it may go
+    ledger = await store.get_task("task-1")
+    assert ledger is not None and ledger.used("completion_tokens") == 50 + 256 + 10  # a chunk beyond what it needs
+    ex.observation.output_tokens_seen = 700  # more than the task has left: what is left, then nothing
+    cut = await chunk(stage, ex, EVENT)
+    assert cut is not None and cut.endswith(b"data: [DONE]\n\n")
+    ledger = await store.get_task("task-1")
+    assert ledger is not None and ledger.used("completion_tokens") == 600  # never past the limit
+    assert ex.ticket is not None and ex.ticket.extensions == 2
+    assert xs.finished(ex).attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"
+
+
 async def test_shadow_mode_records_the_cut_and_never_cuts() -> None:
     xs = Exchanges(budgets={"mode": "shadow", **budgets(max_completion_tokens=2)})
     stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)

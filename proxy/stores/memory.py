@@ -120,7 +120,7 @@ class MemoryStore:
         c["cost_nusd"] = c.get("cost_nusd", 0) - (res.cost_nusd - hold.charge.cost)
         c["inflight"] = max(0, c.get("inflight", 0) - 1)
         if res.new_query and task.queries is not None:
-            task.queries.discard(hold.charge.query_key)  # type: ignore[arg-type]
+            task.queries.discard(hold.charge.query_key)
         return True
 
     async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:

@@ -1,7 +1,9 @@
-"""Budget stage: reserve before forwarding, cut streams that run out, settle after.
+"""Budget stage: reserve before forwarding, extend a stream's reservation as it runs (cutting it
+when the task has nothing left), settle after.
 
 Guarantees: one store round trip before forwarding (reserve) and one after (settle, in `on_end`,
-only for admitted calls); a refused call never reaches the upstream and raises `BudgetExceeded`
+only for admitted calls), plus one per extension of a stream's hold, which never delivers output
+beyond what it holds; a refused call never reaches the upstream and raises `BudgetExceeded`
 (the pipeline renders it with `x-should-retry: false`); every response carries
 `x-ragtoll-budget-remaining`. A local answer another stage proposed (a cache hit) is charged as
 a call. Store calls go through `stores.breaker.Breaker` (bounded by `store_timeout_ms`, skipped for
@@ -11,7 +13,6 @@ degraded (`on_store_error: open`) or answers 503 (`closed`).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from ..config import Profile, Settings, Timeouts
 from ..core import budget as bm
 from ..core.budget import Actual, Charge, Ledger, Selection, Ticket
 from ..core.classifier import classify as _classify
-from ..core.hold import Grant, StreamHold
+from ..core.hold import StreamHold
 from ..core.pricing import Prices, Quote, allowed_output
 from ..core.profiles import Profiles
 from ..core.signing import verify_budget_baggage
@@ -31,6 +32,7 @@ from ..errors import BudgetExceeded, StoreUnavailable
 from ..request.exchange import Exchange, Reply, Stage
 from ..stores.base import Decision, Store, TaskMeta
 from ..stores.breaker import Breaker
+from .stream_guard import StreamGuard, flush_annotation
 
 REMAINING_HEADER = b"x-ragtoll-budget-remaining"
 WARNING_HEADER = b"x-ragtoll-budget-warning"
@@ -47,7 +49,7 @@ class BudgetStage(Stage):
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
         self.store = Breaker(store, settings.store_timeout_ms / 1000, self._wall_ms,
                              self.cfg.reservation_ttl_s * 1000)
-        self._extensions: set[asyncio.Task[None]] = set()  # stream extensions on their way
+        self.guard = StreamGuard(self.store, settings.on_store_error, self._wall_ms)
         self.prices: Prices | None = Prices.from_settings(settings)
         self.profiles = Profiles(self.cfg, classify or _classify)
         self.hmac_key = hmac_key
@@ -168,11 +170,7 @@ class BudgetStage(Stage):
             ex.response_headers.append((WOULD_REJECT_HEADER, d.dimension.encode()))
         return left, warn
 
-    @staticmethod
-    def _flush_annotation(ticket: Ticket) -> None:
-        if ticket.annotate is not None:
-            annotate, ticket.annotate = ticket.annotate, None
-            annotate()
+    _flush_annotation = staticmethod(flush_annotation)
 
     def _annotate(self, ex: Exchange, sel: Selection, notes: list[str], d: Decision, charge: Charge, now: int,
                   left: dict[str, Any], warn: dict[str, float], at_ns: int) -> None:
@@ -267,97 +265,7 @@ class BudgetStage(Stage):
     # --- while streaming ----------------------------------------------------------------------------
 
     def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None:
-        """Never lets output past what the stream holds: asks the store ahead for the next chunk of
-        hold, holds a chunk back (`ex.gate`) while an extension it needs is on its way, and cuts
-        the stream when the task has nothing left to extend with (or the deadline passed)."""
-        ticket = ex.ticket
-        if ticket is None or not ticket.admitted or not ex.call.stream or ticket.cut:
-            return None
-        seen = ex.observation.output_tokens_seen
-        hold = ticket.hold
-        dim = None
-        if hold is not None:
-            if hold.wants_more(seen) and ticket.extending is None:
-                self._extend(ex, ticket, seen)
-            dim = hold.over(seen)
-            if dim is not None and ticket.extending is not None and not ticket.shadow:
-                ex.gate = functools.partial(self._wait, ex, ticket, chunk)
-                return None
-        if dim is None and ticket.deadline_ms is not None and self._wall_ms() >= ticket.deadline_ms:
-            dim = "max_latency_ms"
-        if dim is None or (ticket.shadow and hold is not None and ticket.extending is not None):
-            ticket.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and ticket.tail_clean)
-            return None
-        return self._cut(ex, ticket, dim, chunk, seen)
-
-    async def _wait(self, ex: Exchange, ticket: Ticket, chunk: bytes) -> bytes | None:
-        """The gate of a held-back chunk: wait for the extensions it needs; None sends it, bytes end
-        the stream instead (the task had nothing left)."""
-        seen = ex.observation.output_tokens_seen
-        while True:
-            if ticket.extending is not None:
-                await asyncio.wait({ticket.extending})
-            hold = ticket.hold
-            dim = hold.over(seen) if hold is not None else None
-            if dim is None:
-                ticket.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and ticket.tail_clean)
-                return None
-            if hold is not None and hold.refused:
-                return self._cut(ex, ticket, dim, chunk, seen)
-            self._extend(ex, ticket, seen)
-
-    def _extend(self, ex: Exchange, ticket: Ticket, seen: int) -> None:
-        """Ask the store for the stream's next chunk of hold, in the background."""
-        assert ticket.hold is not None and ex.task is not None
-        ask = ticket.hold.ask(seen)
-        task = asyncio.get_running_loop().create_task(self._extension(ex, ticket, ask))
-        ticket.extending = task
-        self._extensions.add(task)  # the loop keeps only weak references to tasks
-        task.add_done_callback(self._extensions.discard)
-
-    async def _extension(self, ex: Exchange, ticket: Ticket, ask: Grant) -> None:
-        assert ex.task is not None and ticket.hold is not None
-        try:
-            grant = await self.store.extend(ex.task.id, ticket.reservation, ask.tokens, ask.cost_nusd, ticket.limits)
-        except Exception as exc:  # noqa: BLE001 - as for a reserve: open goes on unbudgeted, closed stops
-            if ex.span is not None:
-                ex.span.set_attribute(sc.DEGRADED, True)
-                ex.span.add_event(sc.EVENT_DEGRADED, {"reason": f"extend failed: {type(exc).__name__}",
-                                                      "on_store_error": self.settings.on_store_error})
-            if self.settings.on_store_error == "closed":
-                ticket.hold.refused = True
-            else:
-                ticket.hold = None
-            return
-        finally:
-            ticket.extending = None
-        ticket.hold.add(grant)
-        ticket.extensions += grant.tokens > 0
-
-    def _cut(self, ex: Exchange, ticket: Ticket, dim: str, chunk: bytes, seen: int) -> bytes | None:
-        """End the stream at `chunk` (enforce), or record once that enforcement would have (shadow)."""
-        self._flush_annotation(ticket)  # the reservation's events come before the cut's
-        if ticket.shadow:  # record once what enforcement would have done; never cut
-            ticket.cut = dim
-            if ex.span is not None:
-                ex.span.set_attribute(sc.BUDGET_WOULD_REJECT, dim)
-                ex.span.add_event(sc.EVENT_EXCEEDED, {"dimension": dim, "stream_cut": False, "would_reject": True,
-                                                      "mode": "shadow", "output_tokens_seen": seen})
-            return None
-        ticket.cut = dim
-        if ex.span is not None:
-            ex.span.set_attribute(sc.BUDGET_STREAM_CUT, dim)
-            ex.span.add_event(sc.EVENT_EXCEEDED, {"dimension": dim, "stream_cut": True, "mode": "enforce",
-                                                  "output_tokens_seen": seen})
-        prefix = b""
-        if not ticket.tail_clean:  # finish the event the client is in the middle of
-            end, width = chunk.find(b"\n\n"), 2
-            crlf = chunk.find(b"\r\n\r\n")
-            if crlf >= 0 and (end < 0 or crlf < end):
-                end, width = crlf, 4
-            prefix = chunk[: end + width] if end >= 0 else b"\n\n"
-        return prefix + ex.route.adapter.stream_end(ex.call, ex.observation, ex.target.split("?", 1)[0],
-                                                    self._wall_ms() // 1000)
+        return self.guard.on_chunk(ex, chunk)
 
     # --- after the response ------------------------------------------------------------------------
 

@@ -54,7 +54,7 @@ class Breaker:
                 return await self.store.reserve(task_id, meta, limits, charge, now_ms, shadow,
                                                 reservation_id=rid, expires_ms=expires)
         except BaseException as exc:  # the reserve may yet run: make sure it charges nothing
-            self._later(lambda: self.store.cancel(task_id, rid, self._wall_ms()), expires)
+            self._later(task_id, lambda: self.store.cancel(task_id, rid, self._wall_ms()), expires)
             if isinstance(exc, Exception):
                 self._open(domain)
             raise
@@ -79,29 +79,33 @@ class Breaker:
         except BaseException:
             if reservation.id:  # idempotent: a settle that did land changes nothing the second time
                 until = max(reservation.expires_ms, now_ms + self.reservation_ttl_ms)
-                self._later(lambda: self.store.settle(task_id, reservation, actual, self._wall_ms()), until)
+                self._later(task_id, lambda: self.store.settle(task_id, reservation, actual, self._wall_ms()), until)
             raise
 
-    def _later(self, step: Callable[[], Awaitable[object]], until_ms: int) -> None:
-        """Run `step` in the background until it succeeds or `until_ms` passes."""
+    def _later(self, task_id: str, step: Callable[[], Awaitable[object]], until_ms: int) -> None:
+        """Run `step` (a store call for `task_id`) in the background until it succeeds or
+        `until_ms` passes."""
         if len(self._reconciling) >= MAX_RECONCILING:
             return
-        task = asyncio.get_running_loop().create_task(self._retry(step, until_ms))
+        task = asyncio.get_running_loop().create_task(self._retry(self.store.failure_domain(task_id), step, until_ms))
         self._reconciling.add(task)
         task.add_done_callback(self._reconciling.discard)
 
-    async def _retry(self, step: Callable[[], Awaitable[object]], until_ms: int) -> None:
-        delay = FIRST_RETRY_S
-        while True:
-            try:
-                async with asyncio.timeout(self.timeout_s):
-                    await step()
-                return
-            except Exception:  # noqa: BLE001 - the store is still away: again, until the expiry
-                if self._wall_ms() >= until_ms:
+    async def _retry(self, domain: str, step: Callable[[], Awaitable[object]], until_ms: int) -> None:
+        delay, first = FIRST_RETRY_S, True
+        while self._wall_ms() < until_ms:
+            # at once (to queue behind its reserve), then only when the domain is not marked down:
+            # a store that stays away gets a probe a while, not one per reservation
+            if first or self._wall_ms() >= self._down_until.get(domain, 0):
+                first = False
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        await step()
                     return
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, STORE_RETRY_MS / 1000)
+                except Exception:  # noqa: BLE001 - the store is still away: again, until the expiry
+                    self._open(domain)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, STORE_RETRY_MS / 1000)
 
     def _open(self, domain: str) -> None:
         """Skip `domain` for STORE_RETRY_MS. Bounded: expired windows go first, then the oldest."""

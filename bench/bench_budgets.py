@@ -1,7 +1,7 @@
 """Budget benchmark: latency ragtoll adds with budgets on (memory store, Redis on loopback) over the
 proxy core alone (`budgets.enabled: false`), measured alternately in one run; and the Redis round
 trips per call, read from MONITOR (targets: +0.3 ms p50 memory, +0.8 ms p50 Redis; exactly one
-round trip before forwarding and one after).
+round trip before forwarding and one after, plus one per extension of a stream's reservation).
 
     python bench/bench_budgets.py            # full run
     python bench/bench_budgets.py --quick    # smoke run
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_proxy import CHAT, SEARCH, free_port, pct, stop, uvicorn_proc, wait_port
+from bench_proxy import CHAT, SEARCH, STREAM, free_port, pct, uvicorn_cmd, wait_port
 from loadgen import Conn
 
 HERE = Path(__file__).parent
@@ -37,6 +37,22 @@ HUGE = {"max_steps": 10**9, "max_calls": 10**9, "max_retrieval_calls": 10**9, "m
         "max_rerank_calls": 10**9, "max_context_tokens": 10**12, "max_prompt_tokens": 10**9,
         "max_completion_tokens": 10**12, "max_cost_usd": 10**6, "max_latency_ms": 10**12,
         "max_stalled_retrievals": 10**9}
+
+
+def uvicorn_proc(target: str, port: int) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen(uvicorn_cmd(target, port), cwd=HERE)
+    wait_port(port, p)
+    return p
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def redis_server(port: int) -> subprocess.Popen[bytes]:
@@ -59,8 +75,9 @@ def ragtoll(upstream: str, port: int, store: str, enabled: bool) -> subprocess.P
             {"name": "docs", "kind": "retrieval", "api": "json", "url": upstream, "prefix": "/docs"},
         ],
         "pricing": {"docs": {"per_call": 0.0005}},
+        # a stream without max_tokens holds 2 output tokens: its 5 need one extension (reserve -> extend -> settle)
         "budgets": {"enabled": enabled, "default_profile": "bench", "profiles": {"bench": HUGE},
-                    "records_file": str(cfg.parent / "records.jsonl")},
+                    "default_max_output_tokens": 2, "records_file": str(cfg.parent / "records.jsonl")},
     }))
     env = {**os.environ, "OTEL_SDK_DISABLED": "true"}
     p = subprocess.Popen([sys.executable, "-m", "ragtoll.proxy", "serve", "--config", str(cfg)], env=env)
@@ -119,14 +136,16 @@ async def sequential(port: int, path: str, body: bytes, n: int) -> None:
 def round_trips(redis_port: int, rt_port: int, n: int) -> dict[str, object]:
     """Client commands Redis saw per proxied call (Lua-internal commands excluded), and their order."""
     sha = {hashlib.sha1((SCRIPTS / f"{name}.lua").read_text("utf-8").encode()).hexdigest(): name
-           for name in ("reserve", "settle", "end")}
+           for name in ("reserve", "extend", "cancel", "settle", "end")}
     asyncio.run(sequential(rt_port, "/openai/v1/chat/completions", CHAT, 5))  # warm: connections, scripts
+    asyncio.run(sequential(rt_port, "/openai/v1/chat/completions", STREAM, 2))
     lines: list[str] = []
     stop = threading.Event()
     th = monitor(redis_port, lines, stop)
     time.sleep(0.3)
     asyncio.run(sequential(rt_port, "/openai/v1/chat/completions", CHAT, n))
     asyncio.run(sequential(rt_port, "/docs/search", SEARCH, n))
+    asyncio.run(sequential(rt_port, "/openai/v1/chat/completions", STREAM, n))
     time.sleep(0.5)
     stop.set()
     th.join(timeout=5)
@@ -141,9 +160,10 @@ def round_trips(redis_port: int, rt_port: int, n: int) -> dict[str, object]:
     # a pooled connection opened mid-run says HELLO / CLIENT SETINFO / SELECT once: setup, not per call
     setup = [x for x in names if x in ("hello", "client", "select", "auth")]
     per_call = [x for x in names if x not in setup]
-    return {"calls": 2 * n, "client_commands": len(per_call), "per_call": len(per_call) / (2 * n),
+    return {"calls": 3 * n, "client_commands": len(per_call), "per_call": len(per_call) / (3 * n),
             # settle runs after the response is sent, so call i's settle may land after call i+1's reserve
             "reserves": per_call.count("reserve"), "settles": per_call.count("settle"),
+            "extends": per_call.count("extend"), "streams": n,
             "connection_setup_commands": len(setup), "kinds": sorted(set(names))}
 
 
@@ -183,7 +203,8 @@ def main() -> None:
                 print(f"{kind:<8}{name:<8}{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}"
                       f"{r['added_over_core_p50_ms']:>14.3f}{r['added_over_core_p99_ms']:>14.3f}")
         print(f"Redis round trips per call: {trips['per_call']:.2f} ({trips['client_commands']} client commands "
-              f"for {trips['calls']} calls: {trips['reserves']} reserve, {trips['settles']} settle; "
+              f"for {trips['calls']} calls ({trips['streams']} of them streams): {trips['reserves']} reserve, "
+              f"{trips['extends']} extend, {trips['settles']} settle; "
               f"connection setup {trips['connection_setup_commands']})")
         out = HERE / "results"
         out.mkdir(exist_ok=True)

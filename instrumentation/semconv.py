@@ -57,6 +57,9 @@ BUDGET_EXCEEDED_DIMENSION = "ragtoll.budget.exceeded.dimension"
 BUDGET_WOULD_REJECT = "ragtoll.budget.would_reject"
 BUDGET_STREAM_CUT = "ragtoll.budget.stream_cut"
 BUDGET_FINISHED = "ragtoll.budget.finished"  # on_exhausted: finish: the limit the call went past, tools disabled
+# a stream: output tokens its reservation held at the end (reservation plus extensions), and how many extensions
+BUDGET_STREAM_HELD = "ragtoll.budget.stream.held_tokens"
+BUDGET_STREAM_EXTENSIONS = "ragtoll.budget.stream.extensions"
 BUDGET_NOTES = "ragtoll.budget.notes"  # why budget baggage or a profile request was ignored
 BUDGET_SCOPE = "ragtoll.budget.scope"  # task | principal: whose budget refused (or would refuse) the call
 PRINCIPAL_ID = "ragtoll.principal.id"  # sub:<subject>, key:<credential hash> or addr:<address>

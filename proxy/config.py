@@ -400,6 +400,10 @@ class BudgetsConfig:
     on_unreadable: Literal["reject", "charge_reservation"] | None = None
     warn_fraction: float = 0.8
     default_max_output_tokens: int = 1024
+    # a stream extends its own reservation by this many output tokens at a time (reserve -> extend -> settle)
+    stream_extension_tokens: int = 256
+    # a reservation not settled or extended within this long stops counting as in flight
+    reservation_ttl_s: int = 900
     hmac_key_env: str = "RAGTOLL_BUDGET_HMAC_KEY"
     hmac_key_file: str | None = None
     task_ttl_s: int = 86_400  # TTL of every store key of a task, refreshed on each call
@@ -430,6 +434,11 @@ class BudgetsConfig:
             _bad(f"{where}.warn_fraction", self.warn_fraction, "a fraction in (0, 1]")
         if self.default_max_output_tokens < 1:
             _bad(f"{where}.default_max_output_tokens", self.default_max_output_tokens, "at least 1 (default 1024)")
+        if not 1 <= self.stream_extension_tokens <= 1_000_000:
+            _bad(f"{where}.stream_extension_tokens", self.stream_extension_tokens,
+                 "a number of output tokens from 1 to 1000000 (default 256)")
+        if self.reservation_ttl_s < 10:
+            _bad(f"{where}.reservation_ttl_s", self.reservation_ttl_s, "at least 10 seconds (default 900)")
         if self.task_ttl_s < 60:
             _bad(f"{where}.task_ttl_s", self.task_ttl_s, "at least 60 seconds")
         if self.records_max_bytes < MIN_RECORDS_MAX_BYTES:

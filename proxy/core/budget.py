@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING
 from ..config import DIMENSIONS, BudgetsConfig, Profile
 
 if TYPE_CHECKING:
+    import asyncio
+
+    from .hold import StreamHold
     from .progress import Verdict
 
 NANO = 1_000_000_000  # cost is kept in nano-USD
@@ -97,12 +100,19 @@ class Ledger:
 
 @dataclass(frozen=True, slots=True)
 class Reservation:
-    """What reserve added and settle must correct (internal units)."""
+    """What reserve added and settle must correct (internal units).
+
+    `id` names the reservation in the store (settle, extend and cancel find it by id, so each is
+    idempotent); `expires_ms` is when it stops counting as in flight unless settled or extended
+    first (its charge stays: the call may have run). A reservation without an id is settled by
+    the deltas it carries (stores written before ids)."""
 
     context_tokens: int = 0
     completion_tokens: int = 0
     cost_nusd: int = 0
     new_query: bool = False
+    id: str = ""
+    expires_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,15 +176,16 @@ def exhausted(limits: Mapping[str, int], ledger: Ledger) -> str | None:
     return None
 
 
-def apply_charge(ledger: Ledger, charge: Charge, new_query: bool, now_ms: int) -> Reservation:
-    """Add an admitted call to `ledger` in place (the memory store; the Lua script mirrors it)."""
+def apply_charge(ledger: Ledger, charge: Charge, new_query: bool, now_ms: int, sign: int = 1) -> Reservation:
+    """Add an admitted call to `ledger` in place (the memory store; the Lua script mirrors it);
+    `sign=-1` takes it away again (a cancelled reservation)."""
     c = ledger.counters
     for name, add in (("steps", charge.steps), ("calls", charge.calls), ("retrieval_calls", charge.retrieval_calls),
                       ("rerank_calls", charge.rerank_calls), ("context_tokens", charge.context_tokens),
                       ("completion_tokens", charge.completion_reserve), ("cost_nusd", charge.cost),
                       ("unique_queries", 1 if new_query else 0), ("cache_hits", 1 if charge.cache_hit else 0)):
         if add:
-            c[name] = c.get(name, 0) + add
+            c[name] = c.get(name, 0) + sign * add
     return Reservation(charge.context_tokens, charge.completion_reserve, charge.cost, new_query)
 
 
@@ -376,9 +387,9 @@ class Ticket:
     limits: dict[str, int]
     profile: str
     shadow: bool
-    token_allowance: int | None = None
-    cost_allowance: int | None = None  # nano-USD left for this call's output tokens
-    out_price_nusd: float = 0.0  # per output token
+    hold: StreamHold | None = None  # a stream: what it may deliver (its reservation plus extensions)
+    extending: asyncio.Task[None] | None = None  # the extension on its way to the store
+    extensions: int = 0  # extensions the store granted (some tokens at least)
     deadline_ms: int | None = None
     tail_clean: bool = True  # the bytes sent so far end on an SSE event boundary
     dimension: str | None = None  # the limit that refused (enforce) or would have refused (shadow) the call

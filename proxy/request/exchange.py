@@ -7,7 +7,7 @@ the pipeline and every stage: it imports value types only, and those of other ro
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +84,9 @@ class Exchange:
     # a stage that cut the upstream timeout short (the budget's deadline): what to answer instead of
     # a retryable 504 when that timeout expires (None: the 504 stands)
     timeout_error: Callable[[], RagtollError | None] | None = None
+    # set by an `on_chunk` that holds the chunk back: the forwarder awaits it before sending the
+    # chunk, and sends instead the bytes it returns and ends the stream (None: send the chunk)
+    gate: Callable[[], Awaitable[bytes | None]] | None = None
 
 
 class Stage:
@@ -100,7 +103,8 @@ class Stage:
         return None
 
     def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None:
-        """Each decoded response chunk; return bytes to end the stream with them instead of the rest."""
+        """Each decoded response chunk; return bytes to end the stream with them instead of the rest,
+        or set `ex.gate` to hold the chunk back until the gate's awaitable decides."""
         return None
 
     async def on_response(self, ex: Exchange) -> None:

@@ -101,6 +101,9 @@ class Forwarder:
                 turn = time.perf_counter()
             plain = inspector.feed(chunk)
             cut = self._chunk(ex, plain) if plain is not None else None
+            if cut is None and ex.gate is not None:  # held back until it may go (a budget extension)
+                gate, ex.gate = ex.gate, None
+                cut = await gate()
             if cut is not None:  # a stage ends the stream here (a budget ran out)
                 inspector.end()
                 ex.complete = True

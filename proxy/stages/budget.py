@@ -1,7 +1,9 @@
-"""Budget stage: reserve before forwarding, cut streams that run out, settle after.
+"""Budget stage: reserve before forwarding, extend a stream's reservation as it runs (cutting it
+when the task has nothing left), settle after.
 
 Guarantees: one store round trip before forwarding (reserve) and one after (settle, in `on_end`,
-only for admitted calls); a refused call never reaches the upstream and raises `BudgetExceeded`
+only for admitted calls), plus one per extension of a stream's hold, which never delivers output
+beyond what it holds; a refused call never reaches the upstream and raises `BudgetExceeded`
 (the pipeline renders it with `x-should-retry: false`); every response carries
 `x-ragtoll-budget-remaining`. A local answer another stage proposed (a cache hit) is charged as
 a call. Store calls go through `stores.breaker.Breaker` (bounded by `store_timeout_ms`, skipped for
@@ -23,6 +25,7 @@ from ..config import Profile, Settings, Timeouts
 from ..core import budget as bm
 from ..core.budget import Actual, Charge, Ledger, Selection, Ticket
 from ..core.classifier import classify as _classify
+from ..core.hold import StreamHold
 from ..core.pricing import Prices, Quote, allowed_output
 from ..core.profiles import Profiles
 from ..core.progress import ProgressRules, RecentQueries
@@ -31,6 +34,7 @@ from ..errors import BudgetExceeded, StoreUnavailable, UnreadableBody
 from ..request.exchange import Exchange, Reply, Stage
 from ..stores.base import Decision, Store, TaskMeta
 from ..stores.breaker import Breaker
+from .stream_guard import StreamGuard, flush_annotation
 
 REMAINING_HEADER = b"x-ragtoll-budget-remaining"
 WARNING_HEADER = b"x-ragtoll-budget-warning"
@@ -49,7 +53,9 @@ class BudgetStage(Stage):
         self.settings = settings
         self.cfg = settings.budgets
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
-        self.store = Breaker(store, settings.store_timeout_ms / 1000, self._wall_ms)
+        self.store = Breaker(store, settings.store_timeout_ms / 1000, self._wall_ms,
+                             self.cfg.reservation_ttl_s * 1000)
+        self.guard = StreamGuard(self.store, settings.on_store_error, self._wall_ms)
         self.prices: Prices | None = Prices.from_settings(settings)
         self.profiles = Profiles(self.cfg, classify or _classify, self._profile_signed)
         self.hmac_key = hmac_key
@@ -244,11 +250,7 @@ class BudgetStage(Stage):
             ex.response_headers.append((WOULD_REJECT_HEADER, d.dimension.encode()))
         return left, warn
 
-    @staticmethod
-    def _flush_annotation(ticket: Ticket) -> None:
-        if ticket.annotate is not None:
-            annotate, ticket.annotate = ticket.annotate, None
-            annotate()
+    _flush_annotation = staticmethod(flush_annotation)
 
     def _annotate(self, ex: Exchange, sel: Selection, notes: list[str], d: Decision, charge: Charge, now: int,
                   left: dict[str, Any], warn: dict[str, float], at_ns: int) -> None:
@@ -336,7 +338,8 @@ class BudgetStage(Stage):
         return self._rejection(ex, "max_latency_ms", limit, used)
 
     def _prepare_stream(self, ex: Exchange, ticket: Ticket, ledger: Ledger, now: int, quote: Quote | None) -> None:
-        """Allowances for mid-stream enforcement, and the upstream timeout clamped to the deadline."""
+        """The stream's hold (its own reservation, extended as it runs), and the upstream timeout
+        clamped to the deadline."""
         limits, charge = ticket.limits, ticket.charge
         deadline = limits.get("max_latency_ms")
         if deadline is not None and ledger.started_ms and not ticket.shadow:
@@ -347,54 +350,26 @@ class BudgetStage(Stage):
                                    min(t.pool, left_s))
         if not ex.call.stream or charge.completion_reserve <= 0:
             return
+        # its reservation, but never more than the task had left when it was admitted: the holds
+        # of a task's streams never add up to more than its limit
+        tokens = cost = None
         comp = limits.get("max_completion_tokens")
         if comp is not None:
-            ticket.token_allowance = max(0, comp - (ledger.used("completion_tokens") - charge.completion_reserve))
-        cost = limits.get("max_cost_usd")
-        if cost is not None and quote is not None and ex.call.operation in bm.LLM_OPERATIONS:
-            ticket.out_price_nusd = max(0.0, quote.per_output_usd) * bm.NANO
+            before = ledger.used("completion_tokens") - charge.completion_reserve
+            tokens = min(charge.completion_reserve, max(0, comp - before))
+        price = 0.0
+        limit = limits.get("max_cost_usd")
+        if limit is not None and quote is not None and ex.call.operation in bm.LLM_OPERATIONS:
+            price = max(0.0, quote.per_output_usd) * bm.NANO
             before = ledger.used("cost_nusd") - charge.cost
-            ticket.cost_allowance = max(0, cost - before - charge.cost_certain)
+            cost = min(charge.cost_reserve, max(0, limit - before - charge.cost_certain)) if price > 0 else None
+        if tokens is not None or cost is not None:
+            ticket.hold = StreamHold(tokens, cost, price, self.cfg.stream_extension_tokens)
 
     # --- while streaming ----------------------------------------------------------------------------
 
     def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None:
-        ticket = ex.ticket
-        if ticket is None or not ticket.admitted or not ex.call.stream or ticket.cut:
-            return None
-        seen = ex.observation.output_tokens_seen
-        dim = None
-        if ticket.token_allowance is not None and seen > ticket.token_allowance:
-            dim = "max_completion_tokens"
-        elif ticket.cost_allowance is not None and seen * ticket.out_price_nusd > ticket.cost_allowance:
-            dim = "max_cost_usd"
-        elif ticket.deadline_ms is not None and self._wall_ms() >= ticket.deadline_ms:
-            dim = "max_latency_ms"
-        if dim is None:
-            ticket.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and ticket.tail_clean)
-            return None
-        self._flush_annotation(ticket)  # the reservation's events come before the cut's
-        if ticket.shadow:  # record once what enforcement would have done; never cut
-            ticket.cut = dim
-            if ex.span is not None:
-                ex.span.set_attribute(sc.BUDGET_WOULD_REJECT, dim)
-                ex.span.add_event(sc.EVENT_EXCEEDED, {"dimension": dim, "stream_cut": False, "would_reject": True,
-                                                      "mode": "shadow", "output_tokens_seen": seen})
-            return None
-        ticket.cut = dim
-        if ex.span is not None:
-            ex.span.set_attribute(sc.BUDGET_STREAM_CUT, dim)
-            ex.span.add_event(sc.EVENT_EXCEEDED, {"dimension": dim, "stream_cut": True, "mode": "enforce",
-                                                  "output_tokens_seen": seen})
-        prefix = b""
-        if not ticket.tail_clean:  # finish the event the client is in the middle of
-            end, width = chunk.find(b"\n\n"), 2
-            crlf = chunk.find(b"\r\n\r\n")
-            if crlf >= 0 and (end < 0 or crlf < end):
-                end, width = crlf, 4
-            prefix = chunk[: end + width] if end >= 0 else b"\n\n"
-        return prefix + ex.route.adapter.stream_end(ex.call, ex.observation, ex.target.split("?", 1)[0],
-                                                    self._wall_ms() // 1000)
+        return self.guard.on_chunk(ex, chunk)
 
     # --- after the response ------------------------------------------------------------------------
 
@@ -441,6 +416,9 @@ class BudgetStage(Stage):
         if span is None or not span.is_recording():
             return ledger
         span.set_attribute(sc.COST_USD, ticket.cost_usd)
+        if ticket.hold is not None:
+            span.set_attribute(sc.BUDGET_STREAM_EXTENSIONS, ticket.extensions)
+            span.set_attribute(sc.BUDGET_STREAM_HELD, max(0, int(ticket.hold.headroom(0))))
         if ledger is not None:
             now = self._wall_ms()
             left = bm.remaining(ticket.limits, ledger, None, now)

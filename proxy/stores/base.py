@@ -1,17 +1,32 @@
-"""The budget store protocol: one atomic reserve and one settle per call, per-task evidence sets.
+"""The budget store protocol: one atomic reserve and one settle per call (and, for streams, one
+extend per chunk of output), per-task evidence sets.
 
-A store keeps each task's ledger (budget.Ledger), its set of unique-query keys and its set of
-chunk ids seen. Implementations: memory.py (one process), redis.py (shared, Cluster-safe).
-The shared contract tests (tests/proxy/stores/) run unchanged against every store.
+A store keeps each task's ledger (budget.Ledger), its reservations in flight (by id, with an
+expiry), its set of unique-query keys and its set of chunk ids seen. Implementations: memory.py
+(one process), redis.py (shared, Cluster-safe). The shared contract tests (tests/proxy/stores/)
+run unchanged against every store.
 """
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from ..core.budget import Actual, Charge, Ledger, Reservation
+from ..core.hold import Grant
+
+# A reservation not settled or extended within this long stops counting as in flight.
+DEFAULT_RESERVATION_TTL_MS = 15 * 60 * 1000
+
+
+def new_reservation_id() -> str:
+    return secrets.token_hex(8)
+
+
+def reservation_expiry(now_ms: int, ttl_ms: int = DEFAULT_RESERVATION_TTL_MS) -> int:
+    return now_ms + ttl_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,18 +73,39 @@ class Store(Protocol):
     """Every method is a single atomic step per task. Timeouts are the caller's (`asyncio.timeout`)."""
 
     async def reserve(self, task_id: str, meta: TaskMeta, limits: Mapping[str, int], charge: Charge,
-                      now_ms: int, shadow: bool = False) -> Decision:
-        """Check every dimension of `limits` (internal units) and, if all admit, add `charge`.
+                      now_ms: int, shadow: bool = False, *, reservation_id: str = "",
+                      expires_ms: int = 0) -> Decision:
+        """Check every dimension of `limits` (internal units) and, if all admit, add `charge` and
+        keep it as reservation `reservation_id` (made here when empty) until `expires_ms`
+        (default: DEFAULT_RESERVATION_TTL_MS from now).
 
         A refusal counts one rejection for the dimension and records it as the task's exhausted
-        dimension (the first one to be hit). Creates the task on its first call.
+        dimension (the first one to be hit). Creates the task on its first call. A reservation id
+        already cancelled (`cancel` came first) charges nothing and is refused without a dimension.
         """
         ...
 
+    async def extend(self, task_id: str, reservation_id: str, tokens: int, cost_nusd: int,
+                     limits: Mapping[str, int], now_ms: int, expires_ms: int = 0) -> Grant:
+        """Add to reservation `reservation_id` as much of `tokens` output tokens (costing
+        `cost_nusd`) as the task has left under `max_completion_tokens` and `max_cost_usd`
+        (core.hold.grant_extension), and move its expiry to `expires_ms`. Returns what was added:
+        nothing when the task has nothing left, or the reservation is settled, cancelled or gone."""
+        ...
+
+    async def cancel(self, task_id: str, reservation_id: str, now_ms: int) -> bool:
+        """Undo reservation `reservation_id` whose reserve's outcome its caller never learned (the
+        call was not admitted): everything its reserve and extensions added goes. If its reserve
+        has not arrived yet, it will charge nothing when it does. Returns whether one was undone;
+        idempotent."""
+        ...
+
     async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
-        """Replace the reservation with actual use; add `actual.chunk_ids` to the task's seen set
-        and update the consecutive-stalled-retrievals counter (reset when any chunk is new).
-        Returns the ledger after, or None when the task has ended meanwhile."""
+        """Replace the reservation (as the store holds it, extensions included; by its id) with
+        actual use; add `actual.chunk_ids` to the task's seen set and update the
+        consecutive-stalled-retrievals counter (reset when any chunk is new). Settling a
+        reservation that is no longer in flight changes nothing (idempotent). Returns the ledger
+        after, or None when the task has ended meanwhile."""
         ...
 
     async def get_task(self, task_id: str) -> Ledger | None: ...
@@ -86,8 +122,9 @@ class Store(Protocol):
     async def end_task(self, task_id: str, idle_before_ms: int | None = None) -> Ledger | None:
         """Remove the task and return its final ledger, or None if there is none.
 
-        With `idle_before_ms`, only a task whose last call is older than that ends (an idle
-        sweep racing a new call loses). Exactly one caller gets the ledger of an ended task.
+        With `idle_before_ms`, only a task whose last call is older than that, and whose
+        reservations in flight had all expired by then, ends (an idle sweep racing a new call
+        loses). Exactly one caller gets the ledger of an ended task.
         """
         ...
 

@@ -1,48 +1,111 @@
-"""A budget store behind a circuit breaker per failure domain, with every call bounded in time.
+"""A budget store behind a circuit breaker per failure domain, with every call bounded in time, and
+the reconciliation of reservations whose outcome a store fault hid.
 
 After a store failure, reservations for tasks in the same failure domain (on Redis Cluster: the
 node that owns the task's slot) fail at once for STORE_RETRY_MS instead of each waiting out
 `store_timeout_ms` against a store that is down; other domains are unaffected.
+
+A reserve that fails (timeout, a broken connection, the caller gone) may still run on the store
+later (a paused server works through its backlog): its reservation is cancelled in the
+background, retried until its expiry, so a call that was never admitted is never charged. A
+settle that fails is retried the same way (settle is idempotent by reservation id), so no call
+stays in flight. A reservation whose store stays away past its expiry stops counting as in
+flight there.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from ..core.budget import Actual, Charge, Ledger, Reservation
+from ..core.hold import Grant
 from ..errors import StoreUnavailable
-from .base import Decision, Store, TaskMeta
+from .base import DEFAULT_RESERVATION_TTL_MS, Decision, Store, TaskMeta, new_reservation_id
 
 STORE_RETRY_MS = 1000
 MAX_DOWN_DOMAINS = 1024  # domains remembered as down: a cluster's nodes (or slots, before its map is known)
+MAX_RECONCILING = 100_000  # reservations being reconciled at once; past this, their expiry does it
+FIRST_RETRY_S = 0.05
 
 
 class Breaker:
-    """`reserve` and `settle` of `store`, each within `timeout_s`; a failed reserve opens the
-    breaker for its task's domain."""
+    """`reserve`, `extend` and `settle` of `store`, each within `timeout_s`; a failed reserve or
+    extend opens the breaker for its task's domain. Reservations expire `reservation_ttl_ms` after
+    their reserve or last extension."""
 
-    def __init__(self, store: Store, timeout_s: float, wall_ms: Callable[[], int]) -> None:
+    def __init__(self, store: Store, timeout_s: float, wall_ms: Callable[[], int],
+                 reservation_ttl_ms: int = DEFAULT_RESERVATION_TTL_MS) -> None:
         self.store = store
         self.timeout_s = timeout_s
+        self.reservation_ttl_ms = reservation_ttl_ms
         self._wall_ms = wall_ms
         self._down_until: dict[str, int] = {}  # failure domain -> wall ms until which it is skipped
+        self._reconciling: set[asyncio.Task[None]] = set()
 
     async def reserve(self, task_id: str, meta: TaskMeta, limits: Mapping[str, int], charge: Charge,
                       now_ms: int, shadow: bool = False) -> Decision:
         domain = self.store.failure_domain(task_id)
         if now_ms < self._down_until.get(domain, 0):
             raise StoreUnavailable(f"the store ({domain}) failed moments ago; not retried yet")
+        rid, expires = new_reservation_id(), now_ms + self.reservation_ttl_ms
         try:
             async with asyncio.timeout(self.timeout_s):
-                return await self.store.reserve(task_id, meta, limits, charge, now_ms, shadow)
+                return await self.store.reserve(task_id, meta, limits, charge, now_ms, shadow,
+                                                reservation_id=rid, expires_ms=expires)
+        except BaseException as exc:  # the reserve may yet run: make sure it charges nothing
+            self._later(task_id, lambda: self.store.cancel(task_id, rid, self._wall_ms()), expires)
+            if isinstance(exc, Exception):
+                self._open(domain)
+            raise
+
+    async def extend(self, task_id: str, reservation: Reservation, tokens: int, cost_nusd: int,
+                     limits: Mapping[str, int]) -> Grant:
+        """Extend `reservation` (and its expiry). A lost answer costs nothing: settle replaces
+        whatever the store holds for the reservation."""
+        now = self._wall_ms()
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self.store.extend(task_id, reservation.id, tokens, cost_nusd, limits, now,
+                                               now + self.reservation_ttl_ms)
         except Exception:
-            self._open(domain)
+            self._open(self.store.failure_domain(task_id))
             raise
 
     async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
-        async with asyncio.timeout(self.timeout_s):
-            return await self.store.settle(task_id, reservation, actual, now_ms)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self.store.settle(task_id, reservation, actual, now_ms)
+        except BaseException:
+            if reservation.id:  # idempotent: a settle that did land changes nothing the second time
+                until = max(reservation.expires_ms, now_ms + self.reservation_ttl_ms)
+                self._later(task_id, lambda: self.store.settle(task_id, reservation, actual, self._wall_ms()), until)
+            raise
+
+    def _later(self, task_id: str, step: Callable[[], Awaitable[object]], until_ms: int) -> None:
+        """Run `step` (a store call for `task_id`) in the background until it succeeds or
+        `until_ms` passes."""
+        if len(self._reconciling) >= MAX_RECONCILING:
+            return
+        task = asyncio.get_running_loop().create_task(self._retry(self.store.failure_domain(task_id), step, until_ms))
+        self._reconciling.add(task)
+        task.add_done_callback(self._reconciling.discard)
+
+    async def _retry(self, domain: str, step: Callable[[], Awaitable[object]], until_ms: int) -> None:
+        delay, first = FIRST_RETRY_S, True
+        while self._wall_ms() < until_ms:
+            # at once (to queue behind its reserve), then only when the domain is not marked down:
+            # a store that stays away gets a probe a while, not one per reservation
+            if first or self._wall_ms() >= self._down_until.get(domain, 0):
+                first = False
+                try:
+                    async with asyncio.timeout(self.timeout_s):
+                        await step()
+                    return
+                except Exception:  # noqa: BLE001 - the store is still away: again, until the expiry
+                    self._open(domain)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, STORE_RETRY_MS / 1000)
 
     def _open(self, domain: str) -> None:
         """Skip `domain` for STORE_RETRY_MS. Bounded: expired windows go first, then the oldest."""

@@ -7,15 +7,25 @@ app's sweeper; `max_tasks` bounds memory by ending the least recently used task 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..core.budget import Actual, Charge, Ledger, Reservation, apply_charge, first_exceeded
-from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, wants_seen
+from ..core.hold import Grant, grant_extension
+from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, new_reservation_id, reservation_expiry, wants_seen
 
 DEFAULT_MAX_TASKS = 200_000
-STALE_INFLIGHT_MS = 15 * 60 * 1000
+MAX_TOMBSTONES = 100_000  # reservations cancelled before their reserve came (the oldest are forgotten)
+
+
+@dataclass(slots=True)
+class _Hold:
+    """A reservation in flight: what its call charged (for a cancel) and what it holds now."""
+
+    charge: Charge
+    reservation: Reservation
 
 
 @dataclass(slots=True)
@@ -24,16 +34,21 @@ class _Task:
     # made on first use: most tasks are LLM-only, and an empty set is ~200 bytes per live task
     queries: set[str] | None = None
     chunks: set[str] | None = None
+    holds: dict[str, _Hold] = field(default_factory=dict)  # reservation id -> in flight
 
 
 class MemoryStore:
     def __init__(self, max_tasks: int = DEFAULT_MAX_TASKS) -> None:
         self._tasks: OrderedDict[str, _Task] = OrderedDict()
         self._max_tasks = max_tasks
+        self._cancelled: OrderedDict[tuple[str, str], None] = OrderedDict()  # (task, reservation id)
         self.evicted = 0
 
     async def reserve(self, task_id: str, meta: TaskMeta, limits: Mapping[str, int], charge: Charge,
-                      now_ms: int, shadow: bool = False) -> Decision:
+                      now_ms: int, shadow: bool = False, *, reservation_id: str = "",
+                      expires_ms: int = 0) -> Decision:
+        if self._cancelled and self._cancelled.pop((task_id, reservation_id), False) is None:
+            return Decision(False, None, Ledger(task_id), Reservation())  # its caller gave up on it
         task = self._tasks.get(task_id)
         if task is None:
             task = _Task(Ledger(task_id, meta.profile, meta.cls, meta.route, started_ms=now_ms, last_ms=now_ms,
@@ -61,18 +76,63 @@ class MemoryStore:
             if task.queries is None:
                 task.queries = set()
             task.queries.add(charge.query_key)  # type: ignore[arg-type]
-        reservation = apply_charge(ledger, charge, new_query, now_ms)
+        reservation = dataclasses.replace(apply_charge(ledger, charge, new_query, now_ms),
+                                          id=reservation_id or new_reservation_id(),
+                                          expires_ms=expires_ms or reservation_expiry(now_ms))
+        task.holds[reservation.id] = _Hold(charge, reservation)
         ledger.counters["inflight"] = ledger.counters.get("inflight", 0) + 1
         seen = None
         if wants_seen(charge) and (task.chunks is None or len(task.chunks) <= SEEN_CHUNKS_CAP):
             seen = frozenset(task.chunks or ())
         return Decision(True, dim, _copy(ledger), reservation, seen_chunks=seen)
 
+    async def extend(self, task_id: str, reservation_id: str, tokens: int, cost_nusd: int,
+                     limits: Mapping[str, int], now_ms: int, expires_ms: int = 0) -> Grant:
+        task = self._tasks.get(task_id)
+        hold = task.holds.get(reservation_id) if task is not None else None
+        if task is None or hold is None:
+            return Grant()  # settled, cancelled or ended: nothing to extend
+        grant = grant_extension(task.ledger, limits, tokens, cost_nusd)
+        res = hold.reservation
+        hold.reservation = dataclasses.replace(res, completion_tokens=res.completion_tokens + grant.tokens,
+                                               cost_nusd=res.cost_nusd + grant.cost_nusd,
+                                               expires_ms=expires_ms or reservation_expiry(now_ms))
+        c = task.ledger.counters
+        for name, add in (("completion_tokens", grant.tokens), ("cost_nusd", grant.cost_nusd)):
+            if add:
+                c[name] = c.get(name, 0) + add
+        task.ledger.last_ms = max(task.ledger.last_ms, now_ms)
+        return grant
+
+    async def cancel(self, task_id: str, reservation_id: str, now_ms: int) -> bool:
+        task = self._tasks.get(task_id)
+        hold = task.holds.pop(reservation_id, None) if task is not None else None
+        if task is None or hold is None:  # not come yet (or settled: a harmless tombstone)
+            self._cancelled[(task_id, reservation_id)] = None
+            while len(self._cancelled) > MAX_TOMBSTONES:
+                self._cancelled.popitem(last=False)
+            return False
+        res, ledger = hold.reservation, task.ledger
+        apply_charge(ledger, hold.charge, res.new_query, now_ms, sign=-1)
+        c = ledger.counters
+        # what extensions added beyond the charge
+        c["completion_tokens"] = c.get("completion_tokens", 0) - (res.completion_tokens - hold.charge.completion_reserve)
+        c["cost_nusd"] = c.get("cost_nusd", 0) - (res.cost_nusd - hold.charge.cost)
+        c["inflight"] = max(0, c.get("inflight", 0) - 1)
+        if res.new_query and task.queries is not None:
+            task.queries.discard(hold.charge.query_key)
+        return True
+
     async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
         task = self._tasks.get(task_id)
         if task is None:
             return None
         self._tasks.move_to_end(task_id)
+        if reservation.id:
+            hold = task.holds.pop(reservation.id, None)
+            if hold is None:  # settled (or cancelled) already: settling twice changes nothing
+                return _copy(task.ledger)
+            reservation = hold.reservation  # with its extensions, whatever the caller saw of them
         c = task.ledger.counters
         c["inflight"] = max(0, c.get("inflight", 0) - 1)
         for name, delta in (("context_tokens", actual.context_tokens - reservation.context_tokens),
@@ -100,7 +160,7 @@ class MemoryStore:
 
     async def end_task(self, task_id: str, idle_before_ms: int | None = None) -> Ledger | None:
         task = self._tasks.get(task_id)
-        if task is None or (idle_before_ms is not None and not _idle(task.ledger, idle_before_ms)):
+        if task is None or (idle_before_ms is not None and not _idle(task, idle_before_ms)):
             return None
         del self._tasks[task_id]
         return task.ledger
@@ -111,7 +171,7 @@ class MemoryStore:
         for task_id, task in self._tasks.items():
             if task.ledger.last_ms >= idle_before_ms:
                 break
-            if _idle(task.ledger, idle_before_ms):
+            if _idle(task, idle_before_ms):
                 out.append(task_id)
         return out
 
@@ -131,12 +191,12 @@ class MemoryStore:
         return None
 
 
-def _idle(ledger: Ledger, idle_before_ms: int) -> bool:
-    """No call since `idle_before_ms` and none in flight (a call in flight for longer than
-    STALE_INFLIGHT_MS is presumed lost with its replica)."""
-    if ledger.last_ms >= idle_before_ms:
+def _idle(task: _Task, idle_before_ms: int) -> bool:
+    """No call since `idle_before_ms` and no reservation in flight that had not expired by then
+    (one past its expiry is presumed lost with its replica)."""
+    if task.ledger.last_ms >= idle_before_ms:
         return False
-    return ledger.counters.get("inflight", 0) <= 0 or ledger.last_ms < idle_before_ms - STALE_INFLIGHT_MS
+    return all(h.reservation.expires_ms < idle_before_ms for h in task.holds.values())
 
 
 def _copy(ledger: Ledger) -> Ledger:

@@ -19,7 +19,6 @@ from typing import Any, Protocol
 from ..config import Settings
 from ..core import principals as pc
 from ..core.principals import Standing
-from .memory import STALE_INFLIGHT_MS
 
 MAX_PRINCIPALS = 100_000  # memory store: least recently seen principals go first beyond this
 MAX_OWNERS = 200_000  # memory store: task -> principal entries kept for release
@@ -180,8 +179,8 @@ def open_principal_store(settings: Settings, budget: Any) -> PrincipalStore | No
     when `principals:` sets no limit."""
     if not settings.principals.enabled:
         return None
-    # a task still in flight past the budget store's stale bound is presumed lost with its replica
-    stale_ms = int(settings.tasks.idle_timeout_s * 1000) + STALE_INFLIGHT_MS
+    # a task idle past the longest a reservation can stay in flight is presumed lost with its replica
+    stale_ms = int((settings.tasks.idle_timeout_s + settings.budgets.reservation_ttl_s) * 1000)
     if settings.store == "memory":
         return MemoryPrincipalStore(stale_ms)
     return RedisPrincipalStore(budget, stale_ms=stale_ms, owner_ttl_s=settings.budgets.task_ttl_s)

@@ -1,4 +1,5 @@
-"""The Redis budget store: one server-side script per reserve and one per settle (one round trip each).
+"""The Redis budget store: one server-side script per reserve, extend, cancel and settle (one round
+trip each).
 
 All keys of a task share the hash tag `ragtoll:{t:<blake2b of the task id>}:` so each script
 touches one slot and runs unchanged on Redis Cluster; hashing keeps odd bytes in task ids away
@@ -24,9 +25,10 @@ from redis.exceptions import NoScriptError, SlotNotCoveredError
 
 from ..config import DIMENSIONS
 from ..core.budget import Actual, Charge, Ledger, Reservation
-from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, wants_seen
+from ..core.hold import Grant
+from ..errors import StoreUnavailable
+from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, new_reservation_id, reservation_expiry, wants_seen
 
-STALE_INFLIGHT_MS = 15 * 60 * 1000
 MAX_LOCAL_TASKS = 200_000
 MAX_IN_FLIGHT = 64  # store commands in flight per process; more wait (within the caller's timeout)
 # the task hash's text fields -> Ledger attributes (the Lua scripts write "class" for Ledger.cls)
@@ -45,6 +47,12 @@ def task_keys(task_id: str) -> tuple[str, str, str]:
     tag = hashlib.blake2b(task_id.encode("utf-8", "surrogateescape"), digest_size=16).hexdigest()
     base = f"ragtoll:{{t:{tag}}}:"
     return base + "h", base + "q", base + "c"
+
+
+def holds_key(task_id: str) -> str:
+    """The task's reservations in flight (a hash: id -> record), under the task's hash tag; it
+    exists only while a reservation (or a cancel's tombstone) does."""
+    return task_keys(task_id)[0][:-1] + "r"
 
 
 CLUSTER_SCHEME = "redis+cluster://"
@@ -99,6 +107,8 @@ class RedisStore:
         self.client: Any = client if client is not None else connect(url, timeout_s=timeout_s,
                                                                       connection_class=connection_class)
         self._reserve = _script("reserve")
+        self._extend = _script("extend")
+        self._cancel = _script("cancel")
         self._settle = _script("settle")
         self._end = _script("end")
         # tasks this process has served, for the idle sweep (no global key: it would break Cluster slots)
@@ -129,8 +139,11 @@ class RedisStore:
             self._local.popitem(last=False)
 
     async def reserve(self, task_id: str, meta: TaskMeta, limits: Mapping[str, int], charge: Charge,
-                      now_ms: int, shadow: bool = False) -> Decision:
+                      now_ms: int, shadow: bool = False, *, reservation_id: str = "",
+                      expires_ms: int = 0) -> Decision:
         h, q, c = task_keys(task_id)
+        rid = reservation_id or new_reservation_id()
+        expires = expires_ms or reservation_expiry(now_ms)
         args: list[Any] = [
             task_id, meta.profile, meta.cls, meta.route, now_ms, self.ttl_s, 1 if shadow else 0,
             charge.query_key or "", charge.steps, charge.calls, charge.retrieval_calls, charge.rerank_calls,
@@ -138,10 +151,14 @@ class RedisStore:
             charge.cost_reserve, 1 if charge.cache_hit else 0,
         ]
         args.extend(limits.get(d, -1) for d in DIMENSIONS)
-        args.extend((meta.source, meta.trace_id, SEEN_CHUNKS_CAP if wants_seen(charge) else 0))
-        out = await self._run(self._reserve, (h, q, c), args)
+        args.extend((meta.source, meta.trace_id, SEEN_CHUNKS_CAP if wants_seen(charge) else 0, rid, expires))
+        out = await self._run(self._reserve, (h, q, c, holds_key(task_id)), args)
         self._touch(task_id, now_ms)
         status = out[0].decode()
+        if status == "cancelled":
+            return Decision(False, None, Ledger(task_id), Reservation())
+        if status == "duplicate":  # the caller cancels it: the first run's reply was lost
+            raise StoreUnavailable(f"reservation {rid} arrived twice; its outcome is unknown", store="redis")
         if status == "conflict":
             return Decision(False, None, Ledger(task_id), Reservation(), profile_conflict=out[1].decode())
         dim = out[1].decode() or None
@@ -151,17 +168,30 @@ class RedisStore:
         n = int(out[3])
         seen = frozenset(m.decode() for m in out[4:4 + n]) if n >= 0 else None
         return Decision(True, dim, _ledger(task_id, out[4 + max(n, 0):]),
-                        Reservation(charge.context_tokens, charge.completion_reserve, charge.cost, new_query),
+                        Reservation(charge.context_tokens, charge.completion_reserve, charge.cost, new_query,
+                                    rid, expires),
                         seen_chunks=seen)
+
+    async def extend(self, task_id: str, reservation_id: str, tokens: int, cost_nusd: int,
+                     limits: Mapping[str, int], now_ms: int, expires_ms: int = 0) -> Grant:
+        args = [reservation_id, tokens, cost_nusd, limits.get("max_completion_tokens", -1),
+                limits.get("max_cost_usd", -1), now_ms, expires_ms or reservation_expiry(now_ms), self.ttl_s]
+        out = await self._run(self._extend, (task_keys(task_id)[0], holds_key(task_id)), args)
+        return Grant(int(out[0]), int(out[1]))
+
+    async def cancel(self, task_id: str, reservation_id: str, now_ms: int) -> bool:
+        h, q, _ = task_keys(task_id)
+        return bool(await self._run(self._cancel, (h, q, holds_key(task_id)), [reservation_id, self.ttl_s]))
 
     async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
         h, q, c = task_keys(task_id)
         args: list[Any] = [
             now_ms, self.ttl_s, actual.context_tokens - reservation.context_tokens,
             actual.completion_tokens - reservation.completion_tokens, actual.cost_nusd - reservation.cost_nusd,
-            _chunks_arg(actual), *(actual.chunk_ids or ()),
+            _chunks_arg(actual), reservation.id, actual.context_tokens, actual.completion_tokens,
+            actual.cost_nusd, *(actual.chunk_ids or ()),
         ]
-        out = await self._run(self._settle, (h, c, q), args)
+        out = await self._run(self._settle, (h, c, q, holds_key(task_id)), args)
         if not out:
             self._local.pop(task_id, None)
             return None
@@ -181,8 +211,8 @@ class RedisStore:
         return _ledger(task_id, flat)
 
     async def end_task(self, task_id: str, idle_before_ms: int | None = None) -> Ledger | None:
-        out = await self._run(self._end, task_keys(task_id),
-                              [-1 if idle_before_ms is None else idle_before_ms, STALE_INFLIGHT_MS])
+        out = await self._run(self._end, (*task_keys(task_id), holds_key(task_id)),
+                              [-1 if idle_before_ms is None else idle_before_ms])
         status = out[0].decode()
         if status == "active":
             self._local[task_id] = int(out[1])  # another replica served it since: check again later

@@ -1,14 +1,26 @@
 -- ragtoll budget reserve: check every dimension and charge one call, atomically, in one round trip.
 -- Mirrors budget.first_exceeded / apply_charge (the memory store); keep the two in step.
--- KEYS: 1 task hash, 2 unique-query set, 3 chunk set (TTL only). All share the task's hash tag.
+-- KEYS: 1 task hash, 2 unique-query set, 3 chunk set (TTL only), 4 reservations in flight (hash:
+--       id -> 'r <expires_ms> <steps> <calls> <retrieval> <rerank> <context> <completion> <cost>
+--       <new_query> <cache_hit>', id#q -> 'q <the query key it added>', id -> 'x': cancelled before it came).
+--       All share the task's hash tag.
 -- ARGV: 1 task_id 2 profile 3 class 4 route 5 now_ms 6 ttl_s 7 shadow(0|1) 8 query_key ('' = none)
 --       9 steps 10 calls 11 retrieval_calls 12 rerank_calls 13 context_tokens 14 prompt_tokens
 --       15 completion_reserve 16 cost_certain 17 cost_reserve 18 cache_hit(0|1)
 --       19..30 limits in DIMENSIONS order (-1 = unlimited) 31 task source 32 trace id (hex)
 --       33 seen cap: > 0 asks for the task's chunk ids when there are at most that many
--- Returns {'conflict', stored_profile} | {'reject', dimension|'', 0, HGETALL...}
+--       34 reservation id 35 its expiry (ms)
+-- Returns {'cancelled'} | {'duplicate'} | {'conflict', stored_profile} | {'reject', dimension|'', 0, HGETALL...}
 --       | {'ok', dimension|'', new_query(0|1), n (-1: not returned), n chunk ids..., HGETALL...}
-local h, q, c = KEYS[1], KEYS[2], KEYS[3]
+local h, q, c, r = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local rid = ARGV[34]
+local prior = redis.call('HGET', r, rid)
+if prior == 'x' then  -- its caller gave up on it (cancel came first)
+  redis.call('HDEL', r, rid)
+  return {'cancelled'}
+elseif prior then  -- sent twice (a client retry after a lost reply): never charge twice
+  return {'duplicate'}
+end
 local now = tonumber(ARGV[5])
 local ttl = tonumber(ARGV[6])
 local shadow = ARGV[7] == '1'
@@ -62,6 +74,7 @@ local function expire_all()
   redis.call('EXPIRE', h, ttl)
   redis.call('EXPIRE', q, ttl)
   redis.call('EXPIRE', c, ttl)
+  redis.call('EXPIRE', r, ttl)
 end
 
 if dim ~= '' and not shadow then
@@ -83,7 +96,10 @@ end
 if newq == 1 then
   redis.call('SADD', q, qk)
   redis.call('HINCRBY', h, 'unique_queries', 1)
+  redis.call('HSET', r, rid .. '#q', 'q ' .. qk)
 end
+redis.call('HSET', r, rid, string.format('r %d %d %d %d %d %d %d %d %d %d', tonumber(ARGV[35]), steps, calls, retr,
+                                         rer, ctx, comp, cost, newq, tonumber(ARGV[18])))
 expire_all()
 local out = {'ok', dim, newq, -1}
 local cap = tonumber(ARGV[33] or '0')

@@ -1,14 +1,26 @@
 -- ragtoll budget settle: replace a call's reservation with its actual use, track evidence novelty.
--- KEYS: 1 task hash, 2 chunk set, 3 unique-query set (TTL only).
--- ARGV: 1 now_ms 2 ttl_s 3 d_context 4 d_completion 5 d_cost
+-- KEYS: 1 task hash, 2 chunk set, 3 unique-query set (TTL only), 4 reservations in flight.
+-- ARGV: 1 now_ms 2 ttl_s 3 d_context 4 d_completion 5 d_cost (deltas for a reservation without an id)
 --       6 chunks: 0 none | 1 fruitful if any chunk is new | f fruitful | x fruitless (a progress verdict)
---       7.. chunk ids
--- Returns false when the task is gone (ended meanwhile), else HGETALL of the task hash.
-local h, c, q = KEYS[1], KEYS[2], KEYS[3]
+--       7 reservation id ('' = none) 8 context 9 completion 10 cost (actual use)
+--       11.. chunk ids
+-- Returns false when the task is gone (ended meanwhile), else HGETALL of the task hash (unchanged
+-- when the reservation is no longer in flight: settled already, or cancelled).
+local h, c, q, r = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 if redis.call('EXISTS', h) == 0 then return false end
 local now, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
-local deltas = {{'context_tokens', tonumber(ARGV[3])}, {'completion_tokens', tonumber(ARGV[4])},
-                {'cost_nusd', tonumber(ARGV[5])}, {'inflight', -1}}
+local rid = ARGV[7]
+local d_ctx, d_comp, d_cost = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+if rid ~= '' then
+  local rec = redis.call('HGET', r, rid)
+  if not rec or string.sub(rec, 1, 2) ~= 'r ' then return redis.call('HGETALL', h) end
+  local f = {}
+  for n in string.gmatch(rec, '%-?%d+') do f[#f + 1] = tonumber(n) end
+  -- 1 expires 2 steps 3 calls 4 retrieval 5 rerank 6 context 7 completion 8 cost 9 new_query 10 hit
+  d_ctx, d_comp, d_cost = tonumber(ARGV[8]) - f[6], tonumber(ARGV[9]) - f[7], tonumber(ARGV[10]) - f[8]
+  redis.call('HDEL', r, rid, rid .. '#q')
+end
+local deltas = {{'context_tokens', d_ctx}, {'completion_tokens', d_comp}, {'cost_nusd', d_cost}, {'inflight', -1}}
 for _, d in ipairs(deltas) do
   if d[2] ~= 0 then redis.call('HINCRBY', h, d[1], d[2]) end
 end
@@ -16,7 +28,7 @@ if tonumber(redis.call('HGET', h, 'inflight') or '0') < 0 then redis.call('HSET'
 if ARGV[6] ~= '0' then
   local added = 0
   local n = #ARGV
-  local i = 7
+  local i = 11
   while i <= n do  -- SADD in batches: Lua's unpack has a stack limit
     local j = math.min(i + 999, n)
     added = added + redis.call('SADD', c, unpack(ARGV, i, j))

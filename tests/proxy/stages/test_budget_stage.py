@@ -13,6 +13,7 @@ import orjson
 import pytest
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy.core.budget import Actual, Charge, Ledger, Reservation
+from ragtoll.proxy.core.hold import Grant
 from ragtoll.proxy.errors import BudgetExceeded, StoreUnavailable
 from ragtoll.proxy.request.exchange import Exchange, Reply
 from ragtoll.proxy.stages.budget import REMAINING_HEADER, BudgetStage
@@ -48,33 +49,66 @@ class Clock:
 
 class CountingStore:
     """A budget store (the Store protocol) over a MemoryStore that fails on demand: `fail` names the
-    failure domains whose reserves raise, `hang` those whose reserves never answer, `fail_settle`
-    makes every settle raise. Tasks are in domain "a" or "b" by their first letter."""
+    failure domains whose reserves raise, `hang` those whose reserves never answer, `late` those
+    whose reserves answer only after `late_s` (a paused Redis working through its backlog: the
+    reserve lands even when its caller stopped waiting), `fail_settle` makes settles raise (that
+    many times; True: every time). Tasks are in domain "a" or "b" by their first letter."""
 
-    def __init__(self, inner: MemoryStore, fail: set[str] | None = None, hang: set[str] | None = None) -> None:
+    def __init__(self, inner: MemoryStore, fail: set[str] | None = None, hang: set[str] | None = None,
+                 late: set[str] | None = None, late_s: float = 0.2) -> None:
         self.inner = inner
         self.fail = fail or set()
         self.hang = hang or set()
-        self.fail_settle = False
+        self.late = late or set()
+        self.late_s = late_s
+        self.fail_settle: bool | int = False
         self.reserves: Counter[str] = Counter()
         self.settles = 0
+        self.cancels = 0
+        self.late_cancels = False  # cancels answer late too (after a late reserve landed)
+        self.landed: list[asyncio.Task[Decision]] = []
 
     def failure_domain(self, task_id: str) -> str:
         return task_id[:1]
 
     async def reserve(self, task_id: str, meta: TaskMeta, limits: Mapping[str, int], charge: Charge, now_ms: int,
-                      shadow: bool = False) -> Decision:
+                      shadow: bool = False, *, reservation_id: str = "", expires_ms: int = 0) -> Decision:
         domain = self.failure_domain(task_id)
         self.reserves[domain] += 1
         if domain in self.hang:
             await asyncio.sleep(3600)  # a blackholed Redis: connected, never answering
         if domain in self.fail:
             raise ConnectionError(f"store node {domain} is down")
-        return await self.inner.reserve(task_id, meta, limits, charge, now_ms, shadow)
+
+        async def run() -> Decision:
+            if domain in self.late:
+                await asyncio.sleep(self.late_s)
+            return await self.inner.reserve(task_id, meta, limits, charge, now_ms, shadow,
+                                            reservation_id=reservation_id, expires_ms=expires_ms)
+
+        landing = asyncio.ensure_future(run())
+        self.landed.append(landing)
+        return await asyncio.shield(landing)  # the caller may stop waiting; the store goes on
+
+    async def extend(self, task_id: str, reservation_id: str, tokens: int, cost_nusd: int,
+                     limits: Mapping[str, int], now_ms: int, expires_ms: int = 0) -> Grant:
+        return await self.inner.extend(task_id, reservation_id, tokens, cost_nusd, limits, now_ms, expires_ms)
+
+    async def cancel(self, task_id: str, reservation_id: str, now_ms: int) -> bool:
+        self.cancels += 1
+
+        async def run() -> bool:
+            if self.late_cancels:
+                await asyncio.sleep(self.late_s * 1.5)
+            return await self.inner.cancel(task_id, reservation_id, now_ms)
+
+        return await asyncio.shield(asyncio.ensure_future(run()))
 
     async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
         self.settles += 1
         if self.fail_settle:
+            if not isinstance(self.fail_settle, bool):
+                self.fail_settle -= 1
             raise ConnectionError("gone mid-call")
         return await self.inner.settle(task_id, reservation, actual, now_ms)
 
@@ -165,20 +199,29 @@ async def test_remaining_header_on_a_refusal_says_nothing_is_left() -> None:
 EVENT = b'data: {"choices":[{"index":0,"delta":{"content":"x"}}]}\n\n'
 
 
+async def chunk(stage: BudgetStage, ex: Exchange, data: bytes) -> bytes | None:
+    """One chunk as the forwarder hands it on: through `on_chunk`, then the gate it may set."""
+    cut = stage.on_chunk(ex, data)
+    if cut is None and ex.gate is not None:
+        gate, ex.gate = ex.gate, None
+        cut = await gate()
+    return cut
+
+
 async def test_stream_cut_finishes_the_event_the_client_is_in() -> None:
     xs = Exchanges(budgets=budgets(max_completion_tokens=2))
     stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
     ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
     assert await stage.on_request(ex) is None
     ex.observation.output_tokens_seen = 1
-    assert stage.on_chunk(ex, EVENT + EVENT[:10]) is None  # this chunk ends mid-event
+    assert await chunk(stage, ex, EVENT + EVENT[:10]) is None  # this chunk ends mid-event
     ex.observation.output_tokens_seen = 3
-    cut = stage.on_chunk(ex, EVENT[10:] + EVENT)
+    cut = await chunk(stage, ex, EVENT[10:] + EVENT)
     assert cut is not None and cut.startswith(EVENT[10:])  # the open event is completed first
     events = [e for e in cut[len(EVENT[10:]):].split(b"\n\n") if e]
     assert orjson.loads(events[0][6:])["choices"][0]["finish_reason"] == "length"
     assert events[1] == b"data: [DONE]"
-    assert stage.on_chunk(ex, EVENT) is None  # cut once
+    assert await chunk(stage, ex, EVENT) is None  # cut once
 
 
 async def test_stream_cut_on_an_event_boundary_adds_only_the_end_and_is_on_the_span() -> None:
@@ -187,9 +230,9 @@ async def test_stream_cut_on_an_event_boundary_adds_only_the_end_and_is_on_the_s
     ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
     await stage.on_request(ex)
     ex.observation.output_tokens_seen = 2
-    assert stage.on_chunk(ex, EVENT) is None  # at the allowance: not past it
+    assert await chunk(stage, ex, EVENT) is None  # at the allowance: not past it
     ex.observation.output_tokens_seen = 3
-    cut = stage.on_chunk(ex, EVENT)
+    cut = await chunk(stage, ex, EVENT)
     assert cut is not None and cut.startswith(b"data: ") and cut.endswith(b"data: [DONE]\n\n")
     assert EVENT not in cut  # the chunk that crossed the limit is not sent
     span = xs.finished(ex)
@@ -198,13 +241,37 @@ async def test_stream_cut_on_an_event_boundary_adds_only_the_end_and_is_on_the_s
     assert [(e.attributes["stream_cut"], e.attributes["output_tokens_seen"]) for e in cut_events] == [(True, 3)]
 
 
+async def test_a_stream_extends_its_own_reservation_and_holds_output_back_until_granted() -> None:
+    xs = Exchanges(budgets=budgets(max_completion_tokens=600))
+    store = MemoryStore()
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
+    await stage.on_request(ex)
+    ex.observation.output_tokens_seen = 60  # past the 50 tokens it holds
+    assert stage.on_chunk(ex, EVENT) is None and ex.gate is not None  # held back: neither sent nor cut
+    gate, ex.gate = ex.gate, None
+    assert await gate() is None  # granted: now it may go
+    ledger = await store.get_task("task-1")
+    assert ledger is not None and ledger.used("completion_tokens") == 50 + 256 + 10  # a chunk beyond what it needs
+    ex.observation.output_tokens_seen = 700  # more than the task has left: what is left, then nothing
+    cut = await chunk(stage, ex, EVENT)
+    assert cut is not None and cut.endswith(b"data: [DONE]\n\n")
+    ledger = await store.get_task("task-1")
+    assert ledger is not None and ledger.used("completion_tokens") == 600  # never past the limit
+    assert ex.ticket is not None and ex.ticket.extensions == 2
+    assert xs.finished(ex).attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"
+
+
 async def test_shadow_mode_records_the_cut_and_never_cuts() -> None:
     xs = Exchanges(budgets={"mode": "shadow", **budgets(max_completion_tokens=2)})
     stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
     ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
     await stage.on_request(ex)
     ex.observation.output_tokens_seen = 10
-    assert stage.on_chunk(ex, EVENT) is None
+    assert await chunk(stage, ex, EVENT) is None  # shadow never holds a chunk back
+    assert ex.ticket is not None and ex.ticket.extending is not None
+    await asyncio.wait({ex.ticket.extending})  # the task has nothing left to extend with
+    assert await chunk(stage, ex, EVENT) is None
     assert xs.finished(ex).attributes[sc.BUDGET_WOULD_REJECT] == "max_completion_tokens"
 
 
@@ -335,3 +402,54 @@ async def test_a_failed_settle_is_recorded_and_does_not_raise() -> None:
     assert span.attributes[sc.DEGRADED] is True
     assert [e.attributes["reason"] for e in span.events if e.name == sc.EVENT_DEGRADED] == \
         ["settle failed: ConnectionError"]
+
+
+@pytest.mark.parametrize("mode", ["open", "closed"])
+@pytest.mark.parametrize("first", ["cancel", "reserve"])
+async def test_a_reserve_that_lands_after_its_timeout_is_cancelled(mode: str, first: str) -> None:
+    """A paused store works through its backlog: the reserve the call stopped waiting for still
+    runs, before or after the cancel that follows it. The call was not admitted (503, or forwarded
+    unbudgeted), so nothing stays charged or in flight."""
+    xs = Exchanges(budgets=budgets(max_steps=100), on_store_error=mode, store_timeout_ms=50)
+    inner = MemoryStore()
+    store = CountingStore(inner, late={"a"}, late_s=0.2)
+    store.late_cancels = first == "reserve"
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    ex = xs(task="a1")
+    if mode == "closed":
+        with pytest.raises(StoreUnavailable):
+            await stage.on_request(ex)
+    else:
+        assert await stage.on_request(ex) is None and ex.degraded is not None
+    await asyncio.gather(*store.landed)
+    # the store admitted it after the caller gave up, unless the cancel came first
+    assert (await store.landed[0]).admitted == (first == "reserve")
+    for _ in range(100):  # the cancel is retried in the background until the store takes it
+        ledger = await inner.get_task("a1")
+        if ledger is None or (ledger.used("steps"), ledger.used("inflight")) == (0, 0):
+            break
+        await asyncio.sleep(0.02)
+    if first == "cancel":
+        assert ledger is None  # the task never started
+    else:
+        assert ledger is not None and (ledger.used("steps"), ledger.used("calls"), ledger.used("inflight")) == (0, 0, 0)
+    assert store.cancels >= 1
+
+
+async def test_a_failed_settle_is_retried_until_the_store_takes_it() -> None:
+    xs = Exchanges()
+    inner = MemoryStore()
+    store = CountingStore(inner)
+    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    ex = xs()
+    await stage.on_request(ex)
+    answer(ex, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    store.fail_settle = 2
+    await stage.on_end(ex)
+    for _ in range(100):
+        ledger = await inner.get_task("task-1")
+        if ledger is not None and ledger.used("inflight") == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert ledger is not None and ledger.used("inflight") == 0 and ledger.used("completion_tokens") == 1
+    assert store.settles == 3

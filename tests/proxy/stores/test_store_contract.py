@@ -14,6 +14,7 @@ import orjson
 import pytest
 from ragtoll.proxy.core import budget as bm
 from ragtoll.proxy.core.budget import Actual, Charge
+from ragtoll.proxy.core.hold import Grant
 from ragtoll.proxy.stores.base import SEEN_CHUNKS_CAP, Store, TaskMeta
 from ragtoll.proxy.stores.memory import MemoryStore
 from ragtoll.proxy.stores.redis import RedisStore
@@ -277,6 +278,99 @@ async def test_odd_task_ids_stay_apart(store: Store) -> None:
 
 async def test_ping(store: Store) -> None:
     await store.ping()
+
+
+# --- reservations: extend, settle by id, cancel, expiry ----------------------------------------------
+
+async def test_extend_grants_what_the_task_has_left_and_never_more(store: Store) -> None:
+    t = tid()
+    limits = {"max_completion_tokens": 300}
+    d = await store.reserve(t, META, limits, LLM, T0)  # holds 50 output tokens
+    assert d.reservation.id and d.reservation.expires_ms > T0
+    assert await store.extend(t, d.reservation.id, 100, 1_000, limits, T0 + 1) == Grant(100, 1_000)
+    assert await store.extend(t, d.reservation.id, 200, 2_000, limits, T0 + 2) == Grant(150, 1_500)  # what is left
+    assert await store.extend(t, d.reservation.id, 10, 100, limits, T0 + 3) == Grant()
+    ledger = await store.get_task(t)
+    assert ledger is not None and ledger.used("completion_tokens") == 300
+    # settle replaces the reservation as the store holds it (50 + 100 + 150), whatever the caller saw
+    after = await store.settle(t, d.reservation, Actual(context_tokens=100, completion_tokens=280, cost_nusd=9_000),
+                               T0 + 4)
+    assert after is not None and after.used("completion_tokens") == 280 and after.used("cost_nusd") == 9_000
+    assert after.used("inflight") == 0
+    t2 = tid()
+    cost = {"max_cost_usd": 10_000}
+    d = await store.reserve(t2, META, cost, LLM, T0)  # 1_000 certain + 5_000 reserved for output
+    assert await store.extend(t2, d.reservation.id, 100, 2_000, cost, T0) == Grant(100, 2_000)
+    assert await store.extend(t2, d.reservation.id, 300, 6_000, cost, T0) == Grant(100, 2_000)
+    assert await store.extend(t2, d.reservation.id, 1, 20, cost, T0) == Grant()
+    ledger = await store.get_task(t2)
+    assert ledger is not None and ledger.used("cost_nusd") == 10_000 and ledger.used("completion_tokens") == 250
+
+
+async def test_extend_of_a_reservation_no_longer_in_flight_grants_nothing(store: Store) -> None:
+    t = tid()
+    d = await store.reserve(t, META, {}, LLM, T0)
+    await store.settle(t, d.reservation, Actual(completion_tokens=5), T0)
+    assert await store.extend(t, d.reservation.id, 100, 1_000, {}, T0) == Grant()
+    assert await store.extend(t, "no-such-reservation", 100, 1_000, {}, T0) == Grant()
+    assert await store.extend(tid(), "no-such-task", 100, 1_000, {}, T0) == Grant()
+    ledger = await store.get_task(t)
+    assert ledger is not None and ledger.used("completion_tokens") == 5
+
+
+async def test_concurrent_extensions_never_pass_the_limit(store: Store) -> None:
+    t = tid()
+    limits = {"max_completion_tokens": 2_000, "max_cost_usd": 10**12}
+    held = [(await store.reserve(t, META, limits, LLM, T0)).reservation for _ in range(10)]  # 500 held
+    grants = await asyncio.gather(*[store.extend(t, held[i % 10].id, 64, 640, limits, T0) for i in range(200)])
+    assert sum(g.tokens for g in grants) == 1_500
+    ledger = await store.get_task(t)
+    assert ledger is not None and ledger.used("completion_tokens") == 2_000
+
+
+async def test_settling_twice_changes_nothing(store: Store) -> None:
+    t = tid()
+    d = await store.reserve(t, META, {}, Charge(retrieval_calls=1, query_key="q"), T0)
+    first = await store.settle(t, d.reservation, Actual(chunk_ids=("a",)), T0)
+    again = await store.settle(t, d.reservation, Actual(chunk_ids=("a",)), T0 + 1)  # a retry after a lost reply
+    assert first is not None and again is not None
+    assert again.counters == first.counters and again.used("inflight") == 0 and again.used("stalled") == 0
+
+
+async def test_cancel_undoes_a_reservation_and_makes_a_late_reserve_charge_nothing(store: Store) -> None:
+    t = tid()
+    await store.reserve(t, META, {}, LLM, T0)
+    query = Charge(retrieval_calls=1, query_key="refunds", cost_certain=700)
+    d = await store.reserve(t, META, {}, query, T0, reservation_id="r-lost")
+    assert d.admitted and d.reservation.id == "r-lost" and d.reservation.new_query
+    assert await store.cancel(t, "r-lost", T0 + 1)
+    assert not await store.cancel(t, "r-lost", T0 + 2)  # idempotent
+    ledger = await store.get_task(t)
+    assert ledger is not None
+    assert (ledger.used("calls"), ledger.used("retrieval_calls"), ledger.used("unique_queries")) == (1, 0, 0)
+    assert ledger.used("cost_nusd") == LLM.cost and ledger.used("inflight") == 1
+    again = await store.reserve(t, META, {}, query, T0 + 3)
+    assert again.reservation.new_query  # the cancelled call's query was never the task's
+    # the cancel overtakes its reserve (another connection): the reserve, when it comes, charges nothing
+    assert not await store.cancel(t, "r-late", T0 + 4)
+    late = await store.reserve(t, META, {}, LLM, T0 + 5, reservation_id="r-late")
+    assert not late.admitted and late.dimension is None
+    ledger = await store.get_task(t)
+    assert ledger is not None and ledger.used("steps") == 1 and ledger.used("inflight") == 2
+    t2 = tid()  # a task whose only call was cancelled first never starts
+    await store.cancel(t2, "r-first", T0)
+    assert not (await store.reserve(t2, META, {}, LLM, T0, reservation_id="r-first")).admitted
+    assert await store.get_task(t2) is None
+
+
+async def test_the_idle_sweep_ends_a_task_whose_reservations_expired(store: Store) -> None:
+    lost, live = tid(), tid()
+    await store.reserve(lost, META, {}, LLM, T0, expires_ms=T0 + 500)  # its replica died mid-call
+    await store.reserve(live, META, {}, LLM, T0, expires_ms=T0 + 60_000)
+    cutoff = T0 + 1_000
+    assert await store.end_task(live, idle_before_ms=cutoff) is None
+    ended = await store.end_task(lost, idle_before_ms=cutoff)
+    assert ended is not None and ended.used("steps") == 1  # its charge stays: the call may have run
 
 
 @pytest.mark.parametrize("kind", ["redis", CLUSTER])

@@ -222,6 +222,8 @@ def _add_evaluation_commands(sub: argparse._SubParsersAction[argparse.ArgumentPa
                            help="limits per profile, or a profile per query class (mapped under classes:)")
     recommend.add_argument("--latency", action="store_true",
                            help="also propose max_latency_ms (machine-dependent; at least p99 x 3 of the durations)")
+    recommend.add_argument("--no-progress", dest="progress", action="store_false",
+                           help="leave out the progress policy (stall and fruitless limits, finish, empty)")
     for p in (report, recommend):
         p.add_argument("--redis-url", help="read a Redis Stream of task records instead of a file")
         p.add_argument("--stream", default="ragtoll:records", help="stream key (default: ragtoll:records)")
@@ -285,7 +287,8 @@ def _run_evaluation_command(args: argparse.Namespace) -> int:
             records = [r for _, recs in runs for r in recs]
             from .tools import recommend
 
-            advice = recommend.recommend(records, args.percentile, args.headroom, args.latency, args.by)
+            advice = recommend.recommend(records, args.percentile, args.headroom, args.latency, args.by,
+                                         args.progress)
             sys.stdout.write(recommend.format_advice(advice, args.percentile, args.headroom))
             return 0
         labels = report_compare.run_labels([source for source, _ in runs], args.label)

@@ -17,9 +17,14 @@ Preference. Counts of work are always proposed; tokens and cost only where the s
 they would save more than the counts (a money limit that stops nothing earlier is noise, and it
 depends on prices and on in-flight reservations). The
 wall clock (`max_latency_ms`) depends on the machine and its load: omitted unless asked for, and
-then never below the basis tasks' p99 x LATENCY_MARGIN. `max_stalled_retrievals` is not
-proposed: a record carries a task's final stall streak, not its longest, so no value can be shown
-safe from records.
+then never below the basis tasks' p99 x LATENCY_MARGIN.
+
+Progress. The counts above are ceilings; what stops a loop is the progress policy, which records
+cannot tune (a runaway that answered correctly after 15 rewordings looks, in its record, like a
+task that needed them). Each profile gets the embedded default's policy (PROGRESS_POLICY: stall
+and fruitless limits with `on_exhausted: finish` and `on_exhausted_retrieval: empty`): a task it
+stops is made to answer from its evidence, not refused. Its effect on answers is measured by
+bench/eval_agents, not shown from records; `progress=False` leaves it out.
 
 The saving is simulated per task from its record's totals: a task cut by a limit of L on a
 dimension it used U of is taken to stop after L/U of its work (its spend assumed to grow evenly
@@ -36,6 +41,7 @@ from typing import Any
 
 import orjson
 
+from ..config import DEFAULT_PROFILES
 from ..core.budget import NANO
 from .report import ReportError, format_usd, percentile
 
@@ -61,6 +67,10 @@ LATENCY_MARGIN = 3.0  # a wall-clock limit is at least p99 of the basis tasks' d
 LATENCY_PERCENTILE = 99.0
 UNCLASSIFIED = "unclassified"  # by class: the profile of tasks without a class (the default profile)
 SHOWN_CUTS = 5  # cut tasks listed per profile besides the correct ones (those are all listed)
+# the embedded default profile's progress limits and what happens when one is reached
+PROGRESS_POLICY: tuple[tuple[str, object], ...] = tuple(
+    (key, getattr(DEFAULT_PROFILES["bounded"], key))
+    for key in ("max_stalled_retrievals", "max_fruitless_retrievals", "on_exhausted", "on_exhausted_retrieval"))
 APPROXIMATION = "approximated by proportion: records carry per-task totals, not per-call timelines"
 
 
@@ -100,6 +110,7 @@ class Advice:
     cuts: tuple[Cut, ...]
     cost_usd: float  # what the profile's tasks spent
     cls: str | None = None  # the query class the profile is for (recommend by class)
+    policy: tuple[tuple[str, object], ...] = ()  # the progress policy (PROGRESS_POLICY), or none
 
 
 def _round_up(value: float, dimension: str) -> float:
@@ -173,7 +184,7 @@ def _saved(cuts: Iterable[Cut]) -> float:
 
 
 def advise(name: str, recs: Sequence[Mapping[str, Any]], pct: float = 100.0, headroom: float = 1.0,
-           latency: bool = False) -> Advice:
+           latency: bool = False, progress: bool = True) -> Advice:
     """One profile's limits (see the module docstring for the rule and the preference)."""
     basis, label = _basis(recs)
     limits = [lim for key, dim in RETRIEVAL_COUNTS if (lim := _limit(key, dim, basis, pct, headroom))]
@@ -199,16 +210,13 @@ def advise(name: str, recs: Sequence[Mapping[str, Any]], pct: float = 100.0, hea
     elif lim is not None:
         left_out.append(f"max_latency_ms: omitted, machine-dependent (--latency proposes {_value(lim)}, "
                         f"at least {lim.note})")
-    if any(float(r.get("stalled_retrievals") or 0) > 0 for r in recs):
-        left_out.append("max_stalled_retrievals: not proposed (records carry the final stall streak, "
-                        "not the longest)")
     cost = sum(float(r["cost_usd"]) for r in recs)
     return Advice(name, len(recs), len(basis), label, tuple(limits), tuple(left_out),
-                  tuple(simulate(recs, limits)), cost)
+                  tuple(simulate(recs, limits)), cost, policy=PROGRESS_POLICY if progress else ())
 
 
 def recommend(records: Iterable[Mapping[str, Any]], percentile_: float = 100.0, headroom: float = 1.0,
-              latency: bool = False, by: str = "profile") -> list[Advice]:
+              latency: bool = False, by: str = "profile", progress: bool = True) -> list[Advice]:
     """Limits over each group's basis, sorted by name. `by="profile"`: per profile (records without
     one are left out); `by="class"`: a profile per query class (format_advice maps each class to
     it), tasks without a class under UNCLASSIFIED."""
@@ -225,7 +233,7 @@ def recommend(records: Iterable[Mapping[str, Any]], percentile_: float = 100.0, 
         groups.pop("-", None)
     elif "-" in groups:
         groups[UNCLASSIFIED] = groups.pop("-") + groups.get(UNCLASSIFIED, [])
-    advice = [advise(name, groups[name], percentile_, headroom, latency) for name in sorted(groups)]
+    advice = [advise(name, groups[name], percentile_, headroom, latency, progress) for name in sorted(groups)]
     return [replace(a, cls=a.profile) for a in advice] if by == "class" else advice
 
 
@@ -295,7 +303,7 @@ def _profile_lines(a: Advice) -> list[str]:
     head = (f"    {_yaml_key(a.profile)}:  # {a.tasks} task(s), basis {a.basis_label}; cuts {len(a.cuts)}, "
             f"saves {format_usd(_saved(a.cuts))} of {format_usd(a.cost_usd)}")
     lines = [head]
-    if not a.limits:
+    if not a.limits and not a.policy:
         lines.append("      {}  # nothing to limit: no basis task used anything")
     for lim in a.limits:
         cut = [c for c in a.cuts if c.dimension == lim.dimension]
@@ -304,6 +312,9 @@ def _profile_lines(a: Advice) -> list[str]:
         lines.append(f"      {lim.dimension}: {_value(lim)}".ljust(36)
                      + f"# most used: {most} ({lim.most_task}); stops {len(cut)} first, saves "
                      f"{format_usd(_saved(cut))}{extra}")
+    if a.policy:
+        lines.append("      # progress policy (the embedded default's): a task stuck by these answers from its evidence")
+        lines += [f"      {key}: {value}" for key, value in a.policy]
     lines += [f"      # {note}" for note in a.left_out]
     others = [c for c in a.cuts if not c.correct]
     lines += ["      " + _cut_line(c) for c in others[:SHOWN_CUTS]]

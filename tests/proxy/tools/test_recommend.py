@@ -200,10 +200,19 @@ def test_tasks_judged_wrong_after_a_refusal_are_called_out() -> None:
     assert not [n for n in advice.left_out if n.startswith("WARNING")]
 
 
-def test_stall_limits_are_not_proposed_from_final_streaks() -> None:
-    (advice,) = recommend.recommend([_rec("a", True, retrieval_calls=5, stalled_retrievals=1)])
+def test_progress_limits_come_from_the_policy_not_from_final_streaks() -> None:
+    """Records carry a task's final stall streak, not its longest: no stall value is derived from
+    them; the profile gets the embedded default's progress policy instead (or none, if asked)."""
+    recs = [_rec("a", True, retrieval_calls=5, stalled_retrievals=4)]
+    (advice,) = recommend.recommend(recs)
     assert "max_stalled_retrievals" not in [lim.dimension for lim in advice.limits]
-    assert any("final stall streak" in note for note in advice.left_out)
+    assert dict(advice.policy) == {"max_stalled_retrievals": 1, "max_fruitless_retrievals": 3,
+                                   "on_exhausted": "finish", "on_exhausted_retrieval": "empty"}
+    settings = config.parse(yaml.safe_load(recommend.format_advice([advice])))
+    profile = settings.budgets.profiles[advice.profile]
+    assert (profile.max_stalled_retrievals, profile.on_exhausted) == (1, "finish")
+    (bare,) = recommend.recommend(recs, progress=False)
+    assert bare.policy == () and "max_stalled_retrievals" not in recommend.format_advice([bare])
 
 
 # ---- the wall clock -----------------------------------------------------------------------------

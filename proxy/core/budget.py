@@ -128,6 +128,7 @@ class Actual:
     chunk_ids: tuple[str, ...] | None = None
     # the progress verdict on a retrieval (core/progress.py); None: judge by "any chunk new" instead
     fruitful: bool | None = None
+    finished: bool = False  # on_exhausted: finish rewrote the call to answer now (counted in the ledger)
 
 
 def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, new_query: bool,

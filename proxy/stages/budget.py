@@ -471,7 +471,7 @@ class BudgetStage(Stage):
             fruitful = self._judge(ex, ticket)
         if ticket.charge.completion_reserve == 0:
             context, completion = 0, 0  # not an LLM call: its tokens are not the task's context
-        return Actual(context, completion, cost, chunks, fruitful)
+        return Actual(context, completion, cost, chunks, fruitful, finished=ticket.finished is not None)
 
     def _judge(self, ex: Exchange, ticket: Ticket) -> bool | None:
         """The progress verdict on a retrieval read whole (core/progress.py), kept on the ticket for

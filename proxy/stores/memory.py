@@ -137,7 +137,8 @@ class MemoryStore:
         c["inflight"] = max(0, c.get("inflight", 0) - 1)
         for name, delta in (("context_tokens", actual.context_tokens - reservation.context_tokens),
                             ("completion_tokens", actual.completion_tokens - reservation.completion_tokens),
-                            ("cost_nusd", actual.cost_nusd - reservation.cost_nusd)):
+                            ("cost_nusd", actual.cost_nusd - reservation.cost_nusd),
+                            ("finished", 1 if actual.finished else 0)):
             if delta:
                 c[name] = c.get(name, 0) + delta
         if actual.chunk_ids is not None:

@@ -52,6 +52,7 @@ def ledger_view(ledger: bm.Ledger, settings: Settings, now_ms: int) -> dict[str,
     used["cost_usd"] = round(bm.usd(c.get("cost_nusd", 0)), 9)
     used["stalled_retrievals"] = c.get("stalled", 0)
     used["fruitless_retrievals"] = c.get("fruitless", 0)
+    used["finished_by_ragtoll"] = c.get("finished", 0)
     used["elapsed_ms"] = max(0, now_ms - ledger.started_ms) if ledger.started_ms else 0
     return {
         "task_id": ledger.task_id, "profile": ledger.profile, "class": ledger.cls or None,

@@ -65,6 +65,8 @@ def task_record(ledger: Ledger, *, ended_ms: int, end_reason: str, outcome: Mapp
         "chunks_seen": ledger.chunks_seen,
         "stalled_retrievals": c.get("stalled", 0),
         "fruitless_retrievals": c.get("fruitless", 0),
+        # LLM calls ragtoll rewrote to answer now (on_exhausted: finish): >0 = finished by ragtoll
+        "finished_by_ragtoll": c.get("finished", 0),
     }
 
 

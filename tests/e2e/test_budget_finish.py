@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import anthropic
+import httpx
 import openai
 import orjson
 import pytest
@@ -98,7 +99,7 @@ def wait_for_span(telemetry: Telemetry, attribute: str) -> Any:
 @pytest.mark.parametrize("api", list(APIS))
 def test_the_call_past_the_limit_answers_with_tools_disabled_once(
         api: str, stream: bool, proxy: ProxyFactory, upstream: Upstream, backends: tuple[str, FakeBackends],
-        telemetry: Telemetry) -> None:
+        telemetry: Telemetry, admin_token: str) -> None:
     url, app = backends
     upstream.app.state.reset()
     app.requests.clear()
@@ -107,12 +108,16 @@ def test_the_call_past_the_limit_answers_with_tools_disabled_once(
            {"name": "claude", "kind": "llm", "api": "anthropic", "url": url, "prefix": "/anthropic"}]
     call = APIS[api][2]
     with proxy(upstreams=ups, budgets=profile("finish")) as base:
-        client = client_for(api, base, f"t-{uuid.uuid4().hex[:12]}")
+        task_id = f"t-{uuid.uuid4().hex[:12]}"
+        client = client_for(api, base, task_id)
         first = call(client, stream)
         finished = call(client, stream)  # max_steps 1: past the limit, answered with tools disabled
         with pytest.raises((openai.RateLimitError, anthropic.RateLimitError)):
             call(client, stream)  # the next call is refused as usual, and not retried
         client.close()
+        record = httpx.post(f"{base}/admin/tasks/{task_id}/end",
+                            headers={"authorization": f"Bearer {admin_token}"}).json()
+    assert record["finished_by_ragtoll"] == 1 and record["exhausted"] == "max_steps"
     assert "x-ragtoll-budget-finished" not in first.headers
     assert finished.headers["x-ragtoll-budget-finished"] == "max_steps"
     bodies = sent(upstream, app, api)

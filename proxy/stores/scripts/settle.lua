@@ -3,7 +3,7 @@
 -- ARGV: 1 now_ms 2 ttl_s 3 d_context 4 d_completion 5 d_cost (deltas for a reservation without an id)
 --       6 chunks: 0 none | 1 fruitful if any chunk is new | f fruitful | x fruitless (a progress verdict)
 --       7 reservation id ('' = none) 8 context 9 completion 10 cost (actual use)
---       11.. chunk ids
+--       11 finished by ragtoll (0|1: on_exhausted: finish rewrote the call) 12.. chunk ids
 -- Returns false when the task is gone (ended meanwhile), else HGETALL of the task hash (unchanged
 -- when the reservation is no longer in flight: settled already, or cancelled).
 local h, c, q, r = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -20,7 +20,8 @@ if rid ~= '' then
   d_ctx, d_comp, d_cost = tonumber(ARGV[8]) - f[6], tonumber(ARGV[9]) - f[7], tonumber(ARGV[10]) - f[8]
   redis.call('HDEL', r, rid, rid .. '#q')
 end
-local deltas = {{'context_tokens', d_ctx}, {'completion_tokens', d_comp}, {'cost_nusd', d_cost}, {'inflight', -1}}
+local deltas = {{'context_tokens', d_ctx}, {'completion_tokens', d_comp}, {'cost_nusd', d_cost}, {'inflight', -1},
+                {'finished', tonumber(ARGV[11])}}
 for _, d in ipairs(deltas) do
   if d[2] ~= 0 then redis.call('HINCRBY', h, d[1], d[2]) end
 end
@@ -28,7 +29,7 @@ if tonumber(redis.call('HGET', h, 'inflight') or '0') < 0 then redis.call('HSET'
 if ARGV[6] ~= '0' then
   local added = 0
   local n = #ARGV
-  local i = 11
+  local i = 12
   while i <= n do  -- SADD in batches: Lua's unpack has a stack limit
     local j = math.min(i + 999, n)
     added = added + redis.call('SADD', c, unpack(ARGV, i, j))

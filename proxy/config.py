@@ -343,6 +343,9 @@ class Profile:
     # what a refused search or rerank gets: `reject` (the budget's error), or `empty`: a well-formed
     # answer with no results and the budget headers (agents that end a task on a tool error go on)
     on_exhausted_retrieval: Literal["reject", "empty"] = "reject"
+    # a task this profile would refuse while it still makes progress (its last retrieval was fruitful)
+    # moves to this profile once, and the call is judged again there (a misclassified question)
+    escalate_to: str | None = None
 
     def limits(self) -> dict[str, float]:
         return {d: v for d in DIMENSIONS if (v := getattr(self, d)) is not None}
@@ -428,6 +431,9 @@ class BudgetsConfig:
             rule.validate(f"{where}.rules[{i}]")
         for name, profile in self.profiles.items():
             profile.validate(f"{where}.profiles.{name}")
+            if profile.escalate_to is not None and (profile.escalate_to not in self.profiles
+                                                    or profile.escalate_to == name):
+                _bad(f"{where}.profiles.{name}.escalate_to", profile.escalate_to, f"another profile: {names}")
         if self.reject_status is not None and not 400 <= self.reject_status <= 599:
             _bad(f"{where}.reject_status", self.reject_status, "an HTTP error status between 400 and 599")
         if not 0 < self.warn_fraction <= 1:

@@ -164,13 +164,16 @@ def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, ne
     return None
 
 
+PROGRESS_DIMENSIONS = ("max_stalled_retrievals", "max_fruitless_retrievals")
+
+
 def exhausted(limits: Mapping[str, int], ledger: Ledger) -> str | None:
     """The limit that ended the task's search, if one has: the first refusal, or a progress limit
     reached (every later retrieval of the task would be refused: only a fruitful one resets the
     stall, and none can run)."""
     if ledger.exhausted:
         return ledger.exhausted
-    for dim in ("max_stalled_retrievals", "max_fruitless_retrievals"):
+    for dim in PROGRESS_DIMENSIONS:
         limit = limits.get(dim)
         if limit is not None and ledger.used(COUNTER[dim]) >= limit:  # type: ignore[arg-type]
             return dim

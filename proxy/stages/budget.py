@@ -88,6 +88,13 @@ class BudgetStage(Stage):
                 self.profiles.remember(task_id, sel)
                 limits, notes = self._limits(sel.profile, baggage, task_id, now)
                 decision = await self._reserve(ex, sel, limits, charge, now)
+            if not decision.admitted and (to := self._escalation(sel, decision)) \
+                    and await self.store.escalate(task_id, sel.profile, to, decision.dimension or ""):
+                note = f"escalated from {sel.profile!r} to {to!r}: {decision.dimension} refused a task still making progress"
+                sel = Selection(to, "escalated", sel.cls, sel.reason, (*sel.notes, note))
+                self.profiles.remember(task_id, sel)
+                limits, notes = self._limits(sel.profile, baggage, task_id, now)
+                decision = await self._reserve(ex, sel, limits, charge, now)
         except Exception as exc:  # noqa: BLE001 - any store failure: open or closed, never hang
             self._store_failed(ex, exc)
             return None
@@ -130,6 +137,17 @@ class BudgetStage(Stage):
     def on_task_end(self, task_id: str) -> None:
         self.profiles.forget(task_id)
         self._queries.forget(task_id)
+
+    def _escalation(self, sel: Selection, refusal: Decision) -> str | None:
+        """The profile a refused task climbs to: its profile's `escalate_to`, when a count or amount
+        (not a progress limit) refused it and its last retrieval was fruitful, with at least one
+        fruitful retrieval in all (the store lets it climb once)."""
+        to = self._profile(sel.profile).escalate_to
+        ledger = refusal.ledger
+        if to is None or refusal.dimension in (None, *bm.PROGRESS_DIMENSIONS) or self._shadow(sel.profile):
+            return None
+        progressing = ledger.used("stalled") == 0 and ledger.used("retrieval_calls") > ledger.used("fruitless")
+        return to if progressing else None
 
     def _finishes(self, ex: Exchange, sel: Selection) -> bool:
         """`on_exhausted: finish` applies to this call: an LLM call read whole, enforced (shadow

@@ -108,6 +108,12 @@ class Store(Protocol):
         after, or None when the task has ended meanwhile."""
         ...
 
+    async def escalate(self, task_id: str, from_profile: str, to_profile: str, dimension: str) -> bool:
+        """Move the task from `from_profile` to `to_profile` if it still runs under `from_profile`
+        and has never moved (a profile's `escalate_to`: one climb per task), undoing the refusal by
+        `dimension` that asked for it (one rejection; the exhausted mark it set). True when it moved."""
+        ...
+
     async def get_task(self, task_id: str) -> Ledger | None: ...
 
     def failure_domain(self, task_id: str) -> str:

@@ -72,6 +72,15 @@ class Breaker:
             self._open(self.store.failure_domain(task_id))
             raise
 
+    async def escalate(self, task_id: str, from_profile: str, to_profile: str, dimension: str) -> bool:
+        """The store's escalate within `timeout_s`; a failure opens the breaker like a reserve's."""
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await self.store.escalate(task_id, from_profile, to_profile, dimension)
+        except Exception:
+            self._open(self.store.failure_domain(task_id))
+            raise
+
     async def settle(self, task_id: str, reservation: Reservation, actual: Actual, now_ms: int) -> Ledger | None:
         try:
             async with asyncio.timeout(self.timeout_s):

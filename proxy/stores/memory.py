@@ -155,6 +155,22 @@ class MemoryStore:
         task.ledger.last_ms = max(task.ledger.last_ms, now_ms)
         return _copy(task.ledger)
 
+    async def escalate(self, task_id: str, from_profile: str, to_profile: str, dimension: str) -> bool:
+        task = self._tasks.get(task_id)
+        if task is None or task.ledger.profile != from_profile or task.ledger.counters.get("escalated", 0):
+            return False
+        ledger = task.ledger
+        ledger.profile = to_profile
+        ledger.counters["escalated"] = 1
+        left = ledger.rejections.get(dimension, 0) - 1
+        if left > 0:
+            ledger.rejections[dimension] = left
+        else:
+            ledger.rejections.pop(dimension, None)
+            if ledger.exhausted == dimension:
+                ledger.exhausted = None
+        return True
+
     async def get_task(self, task_id: str) -> Ledger | None:
         task = self._tasks.get(task_id)
         return None if task is None else _copy(task.ledger)

@@ -111,6 +111,7 @@ class RedisStore:
         self._cancel = _script("cancel")
         self._settle = _script("settle")
         self._end = _script("end")
+        self._escalate = _script("escalate")
         # tasks this process has served, for the idle sweep (no global key: it would break Cluster slots)
         self._local: OrderedDict[str, int] = OrderedDict()
 
@@ -197,6 +198,9 @@ class RedisStore:
             return None
         self._touch(task_id, now_ms)
         return _ledger(task_id, out)
+
+    async def escalate(self, task_id: str, from_profile: str, to_profile: str, dimension: str) -> bool:
+        return bool(await self._run(self._escalate, (task_keys(task_id)[0],), [from_profile, to_profile, dimension]))
 
     async def get_task(self, task_id: str) -> Ledger | None:
         if not self._ready:

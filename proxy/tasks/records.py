@@ -67,6 +67,7 @@ def task_record(ledger: Ledger, *, ended_ms: int, end_reason: str, outcome: Mapp
         "fruitless_retrievals": c.get("fruitless", 0),
         # LLM calls ragtoll rewrote to answer now (on_exhausted: finish): >0 = finished by ragtoll
         "finished_by_ragtoll": c.get("finished", 0),
+        "escalated": bool(c.get("escalated", 0)),  # moved to its profile's escalate_to (the profile above)
     }
 
 

@@ -20,7 +20,8 @@ from support.asgi import read_body, serve_lifespan
 from support.servers import serve_in_thread
 
 TOPICS = {"leave": ["leave-policy", "leave-forms", "leave-approval"],
-          "expense": ["expense-limits", "expense-receipts", "expense-approver"]}
+          "expense": ["expense-limits", "expense-receipts", "expense-approver"],
+          "travel": ["travel-booking", "travel-class", "travel-approval"]}
 
 
 async def search_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
@@ -87,3 +88,33 @@ def test_a_new_hop_is_progress_and_resets_the_stall(proxy: ProxyFactory, search_
         statuses = run(base, queries)
     # fruitful, fruitless, fruitful (new hop), fruitless, fruitless (stall 2), then the total refuses (3)
     assert statuses == [200, 200, 200, 200, 200, 429]
+
+
+def escalating(small: dict[str, Any]) -> dict[str, Any]:
+    return {"default_profile": "small", "profiles": {"small": {**small, "escalate_to": "large"},
+                                                     "large": {"max_retrieval_calls": 6}}}
+
+
+def test_a_task_still_making_progress_climbs_to_the_larger_profile_once(proxy: ProxyFactory, search_url: str,
+                                                                          telemetry: Telemetry) -> None:
+    hops = [REWORDINGS[0], "who approves expense reports", "travel booking rules"]
+    with proxy(upstreams=ups(search_url), budgets=escalating({"max_retrieval_calls": 2}),
+               cache={"enabled": False}) as base:
+        statuses = run(base, hops + [f"{REWORDINGS[1]} {i}" for i in range(5)])
+    # three hops, each new at the top: the third climbs to `large` (6 retrievals) instead of a
+    # refusal; three fruitless rewordings follow, then large's own count refuses (never a 2nd climb)
+    assert statuses == [200, 200, 200, 200, 200, 200, 429, 429]
+    deadline = time.monotonic() + 5
+    notes: list[str] = []
+    while time.monotonic() < deadline and not notes:
+        notes = [n for s in telemetry.spans() for n in (s.attributes or {}).get(sc.BUDGET_NOTES, ())
+                 if "escalated from 'small' to 'large'" in n]
+        time.sleep(0.02)
+    assert notes
+
+
+def test_a_stuck_task_does_not_climb(proxy: ProxyFactory, search_url: str) -> None:
+    with proxy(upstreams=ups(search_url), budgets=escalating({"max_retrieval_calls": 2}),
+               cache={"enabled": False}) as base:
+        statuses = run(base, REWORDINGS[:4])
+    assert statuses == [200, 200, 429, 429]  # its second retrieval was fruitless: refused in `small`

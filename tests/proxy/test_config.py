@@ -91,6 +91,11 @@ def test_env_overrides_a_file(tmp_path: Path) -> None:
     ("cache: {embedder: 'upstream:nope'}", "Config 'cache.embedder'"),
     ("- just\n- a list\n", "must hold a mapping at the top"),
     ("a: [unclosed", "is not valid YAML"),
+    ("budgets: {default_profile: p, profiles: {p: {escalate_to: nope}}}",
+     "Config 'budgets.profiles.p.escalate_to' has value 'nope'. Expected another profile"),
+    ("budgets: {default_profile: p, profiles: {p: {escalate_to: p}}}", "'budgets.profiles.p.escalate_to'"),
+    ("budgets: {default_profile: p, profiles: {p: {on_exhausted_retrieval: drop}}}",
+     "'budgets.profiles.p.on_exhausted_retrieval' has value 'drop'. Expected one of: reject, empty"),
 ])
 def test_bad_config_names_key_value_and_fix(tmp_path: Path, text: str, needle: str) -> None:
     with pytest.raises(ConfigError) as info:

@@ -171,6 +171,23 @@ async def test_a_progress_verdict_decides_the_stall_and_counts_fruitless_retriev
     assert (await store.reserve(t, META, limits, LLM, T0)).admitted  # the agent may still answer
 
 
+async def test_escalate_moves_a_task_once_and_undoes_the_refusal_that_asked(store: Store) -> None:
+    t = tid()
+    limits = {"max_retrieval_calls": 1}
+    r = Charge(retrieval_calls=1)
+    assert (await store.reserve(t, META, limits, r, T0)).admitted
+    refused = await store.reserve(t, META, limits, r, T0)
+    assert (refused.admitted, refused.ledger.exhausted) == (False, "max_retrieval_calls")
+    assert not await store.escalate(t, "other", "large", "max_retrieval_calls")  # not its profile
+    assert await store.escalate(t, META.profile, "large", "max_retrieval_calls")
+    ledger = await store.get_task(t)
+    assert ledger is not None and (ledger.profile, ledger.exhausted, ledger.rejections) == ("large", None, {})
+    assert not await store.escalate(t, "large", "larger", "max_retrieval_calls")  # one climb per task
+    large = TaskMeta("large")
+    assert (await store.reserve(t, large, {"max_retrieval_calls": 3}, r, T0)).admitted
+    assert not await store.escalate(tid(), META.profile, "large", "max_steps")  # no such task
+
+
 async def test_new_chunk_resets_the_stall(store: Store) -> None:
     t = tid()
     r = Charge(retrieval_calls=1)

@@ -34,6 +34,7 @@ from ..errors import BudgetExceeded, StoreUnavailable, UnreadableBody
 from ..request.exchange import Exchange, Reply, Stage
 from ..stores.base import Decision, Store, TaskMeta
 from ..stores.breaker import Breaker
+from . import exhaustion
 from .stream_guard import StreamGuard, flush_annotation
 
 REMAINING_HEADER = b"x-ragtoll-budget-remaining"
@@ -88,11 +89,8 @@ class BudgetStage(Stage):
                 self.profiles.remember(task_id, sel)
                 limits, notes = self._limits(sel.profile, baggage, task_id, now)
                 decision = await self._reserve(ex, sel, limits, charge, now)
-            if not decision.admitted and (to := self._escalation(sel, decision)) \
-                    and await self.store.escalate(task_id, sel.profile, to, decision.dimension or ""):
-                note = f"escalated from {sel.profile!r} to {to!r}: {decision.dimension} refused a task still making progress"
-                sel = Selection(to, "escalated", sel.cls, sel.reason, (*sel.notes, note))
-                self.profiles.remember(task_id, sel)
+            if not decision.admitted and (climbed := await self._escalate(task_id, sel, decision)):
+                sel = climbed
                 limits, notes = self._limits(sel.profile, baggage, task_id, now)
                 decision = await self._reserve(ex, sel, limits, charge, now)
         except Exception as exc:  # noqa: BLE001 - any store failure: open or closed, never hang
@@ -101,26 +99,26 @@ class BudgetStage(Stage):
         if decision.profile_conflict:
             self._store_failed(ex, RuntimeError("profile conflict did not resolve"))
             return None
+        profile, shadow = self._profile(sel.profile), self._shadow(sel.profile)
         finished = None
-        if not decision.admitted and self._may_finish(ex, sel, decision) and self._rewrite(ex, sel):
+        if not decision.admitted and exhaustion.may_finish(ex, profile, decision, shadow) and exhaustion.rewrite(ex, profile):
             try:  # past the limit on purpose, charged: no stream cut, no deadline clamp
                 finished, decision, limits = decision.dimension, await self._reserve(ex, sel, {}, charge, now), {}
             except Exception as exc:  # noqa: BLE001 - as any store failure
                 self._store_failed(ex, exc)
                 return None
-        elif decision.admitted and self._finishes(ex, sel) and (ended := bm.exhausted(limits, decision.ledger)) \
-                and self._rewrite(ex, sel):
+        elif decision.admitted and exhaustion.finishes(ex, profile, shadow) \
+                and (ended := bm.exhausted(limits, decision.ledger)) and exhaustion.rewrite(ex, profile):
             finished = ended  # the task can search no more: answer now
         if finished:
             ex.response_headers.append((FINISHED_HEADER, finished.encode()))
-        shadow = self._shadow(sel.profile)
         ticket = ex.ticket = Ticket(decision.admitted, charge, decision.reservation, limits, sel.profile, shadow,
                                     dimension=decision.dimension, seen_chunks=decision.seen_chunks,
                                     finished=finished)
         left, warn = self._headers(ex, ticket, decision, charge, now)
         if not decision.admitted:
             self._annotate(ex, sel, notes, decision, charge, now, left, warn, time.time_ns())
-            empty = self._empty_result(ex, sel)
+            empty = exhaustion.empty_result(ex, profile)
             if empty is None:
                 raise self._exceeded(ex, decision, charge, now)
             ex.outcome = "rejected"
@@ -138,43 +136,15 @@ class BudgetStage(Stage):
         self.profiles.forget(task_id)
         self._queries.forget(task_id)
 
-    def _escalation(self, sel: Selection, refusal: Decision) -> str | None:
-        """The profile a refused task climbs to: its profile's `escalate_to`, when a count or amount
-        (not a progress limit) refused it and its last retrieval was fruitful, with at least one
-        fruitful retrieval in all (the store lets it climb once)."""
-        to = self._profile(sel.profile).escalate_to
-        ledger = refusal.ledger
-        if to is None or refusal.dimension in (None, *bm.PROGRESS_DIMENSIONS) or self._shadow(sel.profile):
+    async def _escalate(self, task_id: str, sel: Selection, refusal: Decision) -> Selection | None:
+        """The task's selection after it climbed to its profile's `escalate_to`, or None."""
+        to = exhaustion.escalation(self._profile(sel.profile), refusal, self._shadow(sel.profile))
+        if to is None or not await self.store.escalate(task_id, sel.profile, to, refusal.dimension or ""):
             return None
-        progressing = ledger.used("stalled") == 0 and ledger.used("retrieval_calls") > ledger.used("fruitless")
-        return to if progressing else None
-
-    def _finishes(self, ex: Exchange, sel: Selection) -> bool:
-        """`on_exhausted: finish` applies to this call: an LLM call read whole, enforced (shadow
-        changes nothing)."""
-        return (self._profile(sel.profile).on_exhausted == "finish" and ex.body is not None
-                and ex.call.operation in bm.LLM_OPERATIONS and not self._shadow(sel.profile))
-
-    def _may_finish(self, ex: Exchange, sel: Selection, refusal: Decision) -> bool:
-        """A refused LLM call is finished past its limit when that limit is not its own prompt's size
-        and this is the task's first refusal (the store counted it: one per task, across replicas)."""
-        return (self._finishes(ex, sel) and refusal.dimension != "max_prompt_tokens"
-                and sum(refusal.ledger.rejections.values()) == 1)
-
-    def _rewrite(self, ex: Exchange, sel: Selection) -> bool:
-        """Rewrite the call to answer now (tools disabled); False when this API cannot be asked that."""
-        assert ex.body is not None
-        body = ex.route.adapter.finish(ex.target.split("?", 1)[0], ex.body, self._profile(sel.profile).finish_note)
-        if body is not None:
-            ex.body = body
-        return body is not None
-
-    def _empty_result(self, ex: Exchange, sel: Selection) -> bytes | None:
-        """`on_exhausted_retrieval: empty`: a refused search or rerank answers with no results."""
-        if ex.call.operation not in ("retrieval", "rerank") or \
-                self._profile(sel.profile).on_exhausted_retrieval != "empty":
-            return None
-        return ex.route.adapter.empty_result(ex.target.split("?", 1)[0])
+        note = f"escalated from {sel.profile!r} to {to!r}: {refusal.dimension} refused a task still making progress"
+        climbed = Selection(to, "escalated", sel.cls, sel.reason, (*sel.notes, note))
+        self.profiles.remember(task_id, climbed)
+        return climbed
 
     def _limits(self, profile: str, baggage: dict[str, str], task_id: str, now_ms: int) -> tuple[dict[str, int], list[str]]:
         """The call's limits in internal units (never mutated by callers) and notes on its baggage."""

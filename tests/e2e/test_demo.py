@@ -66,6 +66,30 @@ def test_budgets_and_cache_meet_the_targets(demo: tuple) -> None:
     assert any(r.get("would_reject") for r in result.shadow.records)  # ... but records what it would have
 
 
+def test_the_lean_agent_runs_too_and_keeps_its_answers(demo: tuple) -> None:
+    """Both sides: the lean agent (answers as soon as its evidence suffices) on the same tasks, each
+    run on its own ragtoll; its table comes from its own records, its accuracy is unchanged, and the
+    tasks whose cost moved are named."""
+    result, out, records, _ = demo
+    shadow = report.read_jsonl(str(records / "shadow-lean.jsonl"))
+    enforced = report.read_jsonl(str(records / "enforced-lean.jsonl"))
+    assert len(shadow) == len(enforced) == len(corpus.load_workload(quick=True))
+    table, before, after = scoring.compare(shadow, enforced)
+    assert table in out and "the lean agent" in out
+    assert after.accuracy is not None and before.accuracy is not None and after.accuracy >= before.accuracy
+    assert before.steps < scoring.compare(result.shadow.records, result.enforced.records)[1].steps  # leaner
+    assert "cost unchanged on " in out
+
+
+def test_the_context_landfill_ragtoll_measured_is_printed(demo: tuple) -> None:
+    result, out, _, _ = demo
+    assert set(result.landfill) == {"shadow", "enforced", "shadow-lean", "enforced-lean"}
+    for label, (evidence, resent) in result.landfill.items():
+        assert 0 <= resent <= evidence
+        assert f"{label:<14} {evidence:>8} evidence tokens, {resent:>8} resent" in out
+    assert result.landfill["shadow"][1] > 0  # the corroborating agent resends its evidence every step
+
+
 def test_runaway_task_is_stopped_by_its_budget_with_a_clear_error(demo: tuple) -> None:
     result, out, _, _ = demo
     (run,) = [r for r in result.enforced.runs if r.task.kind == "runaway"]

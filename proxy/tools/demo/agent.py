@@ -14,6 +14,7 @@ from typing import Any, cast
 import openai
 import orjson
 
+from .policy import LEAN
 from .tools import SPECS, Tools
 
 SYSTEM = (
@@ -21,6 +22,7 @@ SYSTEM = (
     "Search with retrieve, order results with rerank, cite chunk ids, and say when you cannot find "
     "the answer."
 )
+LEAN_SYSTEM = f"{SYSTEM} {LEAN}"  # the lean agent: answers as soon as its evidence suffices
 MAX_TURNS = 30
 PREFETCH_TOP_K = 6
 _SPECS = cast(Any, SPECS)  # the SDK wants its TypedDicts; these plain dicts have that shape
@@ -42,10 +44,11 @@ def run(
     model: str = "gpt-4o",
     max_turns: int = MAX_TURNS,
     prefetch: bool = True,
+    system: str = SYSTEM,
 ) -> AgentResult:
     """Answer `question`; with `prefetch`, the first search is the question itself, made before
     the first model call (so the task's first query, which ragtoll classifies, is the question)."""
-    messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+    messages: list[Any] = [{"role": "system", "content": system}, {"role": "user", "content": question}]
     result = AgentResult(answer=None)
     if prefetch:
         # retrieve-then-reason: search with the user's question before the first model call, and hand

@@ -113,10 +113,16 @@ def bridge(sentence: str, question: str) -> str | None:
     return None
 
 
+# The lean agent's system prompt ends with this: no rerank, no corroboration, answer once the
+# evidence covers the question (the demo runs both agents, so the reader sees both sides)
+LEAN = "Answer as soon as the evidence covers the question."
+
+
 def decide(messages: list[dict[str, Any]], *, final: bool = False) -> Action:
     """The next step. `final` (the request allows no tool call) forces an answer now."""
     t = read_transcript(messages)
-    if t.last_tool == "retrieve" and t.last_ids and t.error is None and not final:
+    lean = bool(messages) and str(messages[0].get("content") or "").endswith(LEAN)
+    if t.last_tool == "retrieve" and t.last_ids and t.error is None and not final and not lean:
         return Action("rerank", {"query": t.searches[-1], "ids": t.last_ids, "top_n": 3})
     hop = t.question.strip()
     found: tuple[str, str] | None = None
@@ -133,6 +139,8 @@ def decide(messages: list[dict[str, Any]], *, final: bool = False) -> Action:
         return Action(answer=_answer(found) if found else ABSTAIN)
     if t.error is not None:  # a tool refused (budget exhausted, upstream down): answer with what we have
         return Action(answer=_answer(found) if found else f"{ABSTAIN} (search stopped: {t.error})")
+    if found and lean:
+        return Action(answer=_answer(found))
     if found:
         kw = keywords(hop)
         verified = sum(1 for q in t.searches if q == kw) + max(0, t.searches.count(hop) - 1)

@@ -29,6 +29,7 @@ from ...app import build_app
 from .. import report
 from . import agent, scoring, services
 from .corpus import PRINCIPALS, Task, load_corpus, load_gold, load_workload
+from .landfill import LandfillMeter
 from .serving import serve
 from .tools import Tools
 
@@ -173,9 +174,10 @@ def stack_up() -> Iterator[Stack]:
 
 
 def run_workload(
-    base: str, label: str, tasks: list[Task], token: str, tracer: Any = None, nonce: str = ""
+    base: str, label: str, tasks: list[Task], token: str, tracer: Any = None, nonce: str = "", lean: bool = False
 ) -> list[TaskRun]:
-    """Drive every task through ragtoll at `base`, judge it, end it with its outcome."""
+    """Drive every task through ragtoll at `base`, judge it, end it with its outcome. `lean`: the
+    agent that answers as soon as its evidence suffices, instead of the corroborating one."""
     gold = load_gold()
     out: list[TaskRun] = []
     with (
@@ -202,7 +204,8 @@ def run_workload(
                     )
                     span.set_attribute("ragtoll.task.id", task_id)
                 tools = Tools(http, base, headers)
-                result = agent.run(llm, tools, task.question)
+                result = agent.run(llm, tools, task.question,
+                                   system=agent.LEAN_SYSTEM if lean else agent.SYSTEM)
             correct = scoring.judge(result.answer, gold.get(task.id))
             resp = http.post(
                 f"{base}/admin/tasks/{task_id}/end",
@@ -236,6 +239,10 @@ class DemoResult:
     acl_violations: list[scoring.AclFinding]
     seconds: float
     cache: str  # what the enforced run's cache was, as printed
+    lean_table: str = ""  # the same comparison for the lean agent
+    lean_shadow: RunResult | None = None
+    lean_enforced: RunResult | None = None
+    landfill: dict[str, tuple[int, int]] = field(default_factory=dict)  # run -> (evidence, resent) prompt tokens
 
 
 def run_demo(
@@ -251,6 +258,8 @@ def run_demo(
     t0 = time.perf_counter()
     tasks = load_workload(quick)
     tracer_provider = setup.tracer_provider(env, "ragtoll")
+    landfill = LandfillMeter()
+    tracer_provider.add_span_processor(landfill)
     tracing = setup.span_exporter(env) is not None
     # the agent's own spans (one per task) parent ragtoll's, so each task is one trace in Jaeger
     agent_provider = setup.tracer_provider(env, "ragtoll-demo-agent") if tracing else None
@@ -263,14 +272,17 @@ def run_demo(
         with open(token_file, "w") as fh:
             fh.write(token)
         results: dict[str, RunResult] = {}
-        for label, enforce in (("shadow", False), ("enforced", True)):
+        # each run on its own fresh ragtoll (its own cache): the lean agent first, then the demo's
+        runs_order = [(f"{label}{suffix}", enforce, lean) for label, enforce in (("shadow", False), ("enforced", True))
+                      for suffix, lean in (("-lean", True), ("", False))]
+        for label, enforce, lean in runs_order:
             path = os.path.join(tmp, f"{label}.jsonl")
             settings = demo_settings(
                 stack, enforce=enforce, records_file=path, token_file=token_file, embedder=embedder
             )
             app = build_app(settings, tracer_provider=tracer_provider)
             with serve(app) as base:
-                runs = run_workload(base, label, tasks, token, agent_tracer, nonce)
+                runs = run_workload(base, label, tasks, token, agent_tracer, nonce, lean=lean)
                 results[label] = RunResult(label, runs, _records(path, runs))
                 if records:  # keep a copy per run for `ragtoll report` / `recommend`
                     os.makedirs(records, exist_ok=True)
@@ -279,14 +291,8 @@ def run_demo(
                         open(path, encoding="utf-8") as src,
                     ):
                         fh.write(src.read())
-                if enforce:
-                    stages = getattr(getattr(app, "pipeline", None), "stages", [])
-                    cache = f"evidence cache on (embedder {embedder})"
-                    if not any(type(st).__name__ == "EvidenceStage" for st in stages):
-                        cache = (
-                            "evidence cache configured, but this build has no evidence stage (no cache hits)"
-                        )
-                    result = _summarize(results, t0, cache)
+                if label == "enforced":
+                    result = _summarize(results, t0, f"evidence cache on (embedder {embedder})", landfill)
                     _print_summary(out, tasks, result)
                     if keep_running:
                         _hold(out, base, stack, token, stop)
@@ -296,13 +302,32 @@ def run_demo(
     return result
 
 
-def _summarize(results: dict[str, RunResult], t0: float, cache: str) -> DemoResult:
+def _summarize(results: dict[str, RunResult], t0: float, cache: str, landfill: LandfillMeter) -> DemoResult:
     table, _, _ = scoring.compare(results["shadow"].records, results["enforced"].records)
+    lean_table, _, _ = scoring.compare(results["shadow-lean"].records, results["enforced-lean"].records)
     received = [(r.task_id, r.task.principal, r.received) for res in results.values() for r in res.runs]
     checked, bad = scoring.audit_acl(received, load_corpus())
+    measured = {label: landfill.totals(r.task_id for r in res.runs) for label, res in results.items()}
     return DemoResult(
-        results["shadow"], results["enforced"], table, checked, bad, time.perf_counter() - t0, cache
+        results["shadow"], results["enforced"], table, checked, bad, time.perf_counter() - t0, cache,
+        lean_table=lean_table, landfill=measured, lean_shadow=results["shadow-lean"],
+        lean_enforced=results["enforced-lean"],
     )
+
+
+def _where_it_saved(shadow: RunResult | None, enforced: RunResult | None) -> str:
+    """Which tasks' cost changed between two runs of one agent: a lean agent pays for its
+    ordinary questions as before; what it saves is its loops."""
+    if shadow is None or enforced is None:
+        return ""
+    before = {r["task_id"].rsplit("-", 1)[-1]: r for r in shadow.records}
+    after = {r["task_id"].rsplit("-", 1)[-1]: r for r in enforced.records}
+    moved = sorted(((before[k]["cost_usd"] - after[k]["cost_usd"], k) for k in before.keys() & after.keys()
+                    if abs(before[k]["cost_usd"] - after[k]["cost_usd"]) > 1e-9), reverse=True)
+    lines = [f"cost unchanged on {len(before) - len(moved)} of {len(before)} tasks"]
+    lines += [f"{k} ${before[k]['cost_usd']:.4f} -> ${after[k]['cost_usd']:.4f}" for _, k in moved[:3]]
+    more = f" (+{len(moved) - 3} more)" if len(moved) > 3 else ""
+    return "; ".join(lines) + more + "\n"
 
 
 def _print_summary(out: TextIO, tasks: list[Task], result: DemoResult) -> None:
@@ -333,6 +358,13 @@ def _print_summary(out: TextIO, tasks: list[Task], result: DemoResult) -> None:
                 f"  enforced: {rec['steps']} LLM steps, {rec['retrieval_calls']} retrievals, ${rec['cost_usd']:.4f}; "
                 f"exhausted {rec['exhausted']}: {r.stopped or (r.tool_errors or ['answered'])[0]}\n"
             )
+    w("\nthe lean agent (answers as soon as its evidence suffices; no rerank, no corroboration), same tasks:\n\n")
+    w(result.lean_table)
+    w(_where_it_saved(result.lean_shadow, result.lean_enforced))
+    w("\ncontext landfill, measured by ragtoll (evidence tokens in prompts; of them, already sent earlier in the task):\n")
+    for label, (evidence, resent) in result.landfill.items():
+        share = f"{resent / evidence * 100:.0f}%" if evidence else "-"
+        w(f"  {label:<14} {evidence:>8} evidence tokens, {resent:>8} resent ({share})\n")
     bad = result.acl_violations
     w(
         f"ACL audit: {result.acl_checked} chunks received by the agent across both runs, "

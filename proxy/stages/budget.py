@@ -213,17 +213,7 @@ class BudgetStage(Stage):
                              classified=ex.route.adapter.reads_body)
 
     def _store_failed(self, ex: Exchange, exc: BaseException) -> None:
-        """Open: the call goes on without a budget (the span and metrics say so). Closed: 503."""
-        reason = f"budget store failed: {type(exc).__name__}: {str(exc)[:200]}"
-        if ex.span is not None:
-            ex.span.set_attribute(sc.DEGRADED, True)
-            ex.span.add_event(sc.EVENT_DEGRADED, {"reason": reason, "on_store_error": self.settings.on_store_error})
-        if self.settings.on_store_error == "closed":
-            raise StoreUnavailable(
-                "the budget store did not answer in time and on_store_error is closed; the call was not forwarded",
-                store=_safe_store_name(self.settings.store),
-            ) from exc
-        ex.degraded = reason
+        store_failed(self.settings, ex, exc, "budget store")
 
     def _headers(self, ex: Exchange, ticket: Ticket, d: Decision, charge: Charge,
                  now: int) -> tuple[dict[str, Any], dict[str, float]]:
@@ -475,3 +465,18 @@ def _safe_store_name(url: str) -> str:
     """The store URL without credentials, for error bodies."""
     scheme, sep, rest = url.partition("://")
     return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else url
+
+
+def store_failed(settings: Settings, ex: Exchange, exc: BaseException, what: str) -> None:
+    """A store (`what`) failed for this call. Open: the call goes on without that budget (the span
+    and metrics say so). Closed: 503."""
+    reason = f"{what} failed: {type(exc).__name__}: {str(exc)[:200]}"
+    if ex.span is not None:
+        ex.span.set_attribute(sc.DEGRADED, True)
+        ex.span.add_event(sc.EVENT_DEGRADED, {"reason": reason, "on_store_error": settings.on_store_error})
+    if settings.on_store_error == "closed":
+        raise StoreUnavailable(
+            "the budget store did not answer in time and on_store_error is closed; the call was not forwarded",
+            store=_safe_store_name(settings.store),
+        ) from exc
+    ex.degraded = reason

@@ -26,7 +26,7 @@ from ..errors import BudgetExceeded, StoreUnavailable
 from ..request.exchange import Exchange, Reply, Stage
 from ..stores.breaker import STORE_RETRY_MS
 from ..stores.principals import PrincipalDecision, PrincipalStore
-from .budget import REMAINING_HEADER, _safe_store_name
+from .budget import REMAINING_HEADER, store_failed
 
 
 class PrincipalStage(Stage):
@@ -120,16 +120,7 @@ class PrincipalStage(Stage):
     def _store_failed(self, ex: Exchange, exc: BaseException, now: int) -> None:
         if not isinstance(exc, StoreUnavailable):
             self._down_until = now + STORE_RETRY_MS
-        reason = f"principal store failed: {type(exc).__name__}: {str(exc)[:200]}"
-        if ex.span is not None:
-            ex.span.set_attribute(sc.DEGRADED, True)
-            ex.span.add_event(sc.EVENT_DEGRADED, {"reason": reason, "on_store_error": self.settings.on_store_error})
-        if self.settings.on_store_error == "closed":
-            raise StoreUnavailable(
-                "the budget store did not answer in time and on_store_error is closed; the call was not forwarded",
-                store=_safe_store_name(self.settings.store),
-            ) from exc
-        ex.degraded = reason
+        store_failed(self.settings, ex, exc, "principal store")
 
     def _annotate(self, ex: Exchange, principal: str, limits: dict[str, int], d: PrincipalDecision) -> None:
         span = ex.span

@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
 from support.admin import ADMIN_TOKEN
+from support.budget_cluster import start_budget_cluster
 from support.faulty import FaultyUpstream
 from support.redis_server import env_redis_url, start_redis, stop_all
 from support.servers import serve_in_thread
@@ -125,3 +126,13 @@ def redis_url() -> Iterator[str]:
         yield proc.url
     finally:
         stop_all([proc])
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """A 3-master Redis Cluster spawned for this session (about 2 s to start: tests using it are slow)."""
+    nodes = start_budget_cluster(3)
+    try:
+        yield f"redis+cluster://127.0.0.1:{nodes[0].port}"
+    finally:
+        stop_all(nodes)

@@ -12,22 +12,12 @@ from typing import Any
 import httpx
 import pytest
 from conftest import Upstream
-from support.budget_cluster import start_budget_cluster
 from support.process import RagtollProcess
-from support.redis_server import stop_all
+from support.process import replicas as running
 from test_budgets import TOKEN, task
 
 N = 128
 REPLICAS = 3
-
-
-@pytest.fixture(scope="module")
-def cluster_url() -> Iterator[str]:
-    nodes = start_budget_cluster(3)
-    try:
-        yield f"redis+cluster://127.0.0.1:{nodes[0].port}"
-    finally:
-        stop_all(nodes)
 
 
 @contextlib.contextmanager
@@ -44,21 +34,13 @@ def replicas(upstream_url: str, store: str, tmp_path: Any) -> Iterator[list[str]
         "pricing": {"gpt-4o-mini": {"input_per_mtok": 0.15, "output_per_mtok": 0.60}},
         "budgets": {"default_profile": "steps", "profiles": {
             "steps": {"max_steps": 10, "max_retrieval_calls": 7},
-            # no more generous than `steps` in any limit: unsigned baggage may choose it
-            "cost": {"max_steps": 10, "max_retrieval_calls": 7, "max_cost_usd": 0.003},
-        }},
+            "cost": {"max_cost_usd": 0.003},  # chosen by an operator rule (header), so only cost limits
+        }, "rules": [{"header": "x-profile", "equals": "cost", "profile": "cost"}]},
     }
     procs = [RagtollProcess(tmp_path, cfg, env={"RAGTOLL_ADMIN_TOKEN": TOKEN}, ready="/readyz")
              for _ in range(REPLICAS)]
-    try:
-        for proc in procs:  # side by side, then each until its store answers
-            proc.launch()
-        for proc in procs:
-            proc.wait_ready(60)
-        yield [proc.base for proc in procs]
-    finally:
-        for proc in procs:
-            proc.stop()
+    with running(procs) as bases:  # side by side, then each until its store answers
+        yield bases
 
 
 async def burst(bases: list[str], path: str, body: dict[str, Any], task_id: str,
@@ -75,14 +57,14 @@ async def burst(bases: list[str], path: str, body: dict[str, Any], task_id: str,
 @pytest.mark.parametrize("kind", ["redis", "cluster"])
 def test_counts_hold_exactly_across_replicas(kind: str, upstream: Upstream, redis_url: str,
                                              request: pytest.FixtureRequest, tmp_path: Any) -> None:
-    store = redis_url if kind == "redis" else request.getfixturevalue("cluster_url")
+    store = redis_url if kind == "redis" else request.getfixturevalue("redis_cluster_url")
     chat_task, docs_task, cost_task = task(), task(), task()
     chat = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
     with replicas(upstream.url, store, tmp_path) as bases:
         chats = asyncio.run(burst(bases, "/openai/v1/chat/completions", chat, chat_task))
         searches = asyncio.run(burst(bases, "/docs/search", {"query": "refund policy", "top_k": 3}, docs_task))
         costly = asyncio.run(burst(bases, "/openai/v1/chat/completions", {**chat, "max_tokens": 1000}, cost_task,
-                                   {"baggage": "ragtoll.budget.profile=cost"}))
+                                   {"x-profile": "cost"}))
         ledger = httpx.get(f"{bases[1]}/admin/tasks/{cost_task}",
                            headers={"authorization": f"Bearer {TOKEN}"}).json()
     assert sorted({r.status_code for r in chats + searches + costly}) == [200, 429]

@@ -9,7 +9,6 @@ import functools
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,10 +17,8 @@ import redis
 from conftest import ProxyFactory, Telemetry, Upstream
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy.stores.principals import principal_keys
-from support.budget_cluster import start_budget_cluster
 from support.poll import wait_until
-from support.process import RagtollProcess
-from support.redis_server import stop_all
+from support.process import RagtollProcess, replicas
 from test_budgets import CHAT, PRICING, TOKEN, budgets, call_spans, chat, task, upstreams
 
 KEY = "Bearer sk-team-a"
@@ -33,20 +30,11 @@ def _admin_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAGTOLL_ADMIN_TOKEN", TOKEN)
 
 
-@pytest.fixture(scope="module")
-def cluster_url() -> Iterator[str]:
-    nodes = start_budget_cluster(3)
-    try:
-        yield f"redis+cluster://127.0.0.1:{nodes[0].port}"
-    finally:
-        stop_all(nodes)
-
-
 @pytest.fixture(params=["memory", "redis", CLUSTER])
 def store(request: pytest.FixtureRequest) -> str:
     if request.param == "memory":
         return "memory"
-    return str(request.getfixturevalue("redis_url" if request.param == "redis" else "cluster_url"))
+    return str(request.getfixturevalue("redis_url" if request.param == "redis" else "redis_cluster_url"))
 
 
 def settings(store: str, principals: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -103,21 +91,14 @@ def rejections(telemetry: Telemetry) -> dict[str, int]:
 @pytest.mark.parametrize("kind", ["redis", "cluster"])
 def test_rotated_task_ids_over_three_replicas(kind: str, upstream: Upstream, redis_url: str,
                                               request: pytest.FixtureRequest, tmp_path: Any) -> None:
-    store = redis_url if kind == "redis" else request.getfixturevalue("cluster_url")
+    store = redis_url if kind == "redis" else request.getfixturevalue("redis_cluster_url")
     cfg = {**settings(store, {"default": {"max_new_tasks_per_minute": 10}}), "on_store_error": "closed",
            "upstreams": [{"name": "openai", "kind": "llm", "api": "openai", "url": upstream.url, "prefix": "/openai"}]}
     procs = [RagtollProcess(tmp_path, cfg, ready="/readyz") for _ in range(3)]
     key = f"Bearer sk-{uuid.uuid4().hex}"
-    try:
-        for proc in procs:
-            proc.launch()
-        for proc in procs:
-            proc.wait_ready(60)
+    with replicas(procs) as bases:
         answers = rotate("", 300, lambda i: {"authorization": key, "x-ragtoll-task-id": f"rot-{uuid.uuid4().hex}"},
-                         bases=[p.base for p in procs])
-    finally:
-        for proc in procs:
-            proc.stop()
+                         bases=bases)
     assert sum(a.status_code == 200 for a in answers) == 10 and upstream.app.state.calls[CHAT] == 10
     assert {a.json()["error"]["dimension"] for a in answers if a.status_code != 200} == {"max_new_tasks_per_minute"}
 

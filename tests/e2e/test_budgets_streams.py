@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from conftest import Upstream
-from support.process import RagtollProcess
+from support.process import RagtollProcess, replicas
 from test_budgets import TOKEN, task
 
 N = 128
@@ -42,15 +42,8 @@ def proxies(upstream_url: str, store: str, n: int, tmp_path: Any) -> Iterator[li
         },
     }
     procs = [RagtollProcess(tmp_path, cfg, env={"RAGTOLL_ADMIN_TOKEN": TOKEN}, ready="/readyz") for _ in range(n)]
-    try:
-        for proc in procs:
-            proc.launch()
-        for proc in procs:
-            proc.wait_ready(60)
-        yield [proc.base for proc in procs]
-    finally:
-        for proc in procs:
-            proc.stop()
+    with replicas(procs) as bases:
+        yield bases
 
 
 async def streams(bases: list[str], task_id: str, headers: dict[str, str]) -> list[httpx.Response]:

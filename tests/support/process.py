@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Self
 
@@ -100,3 +102,18 @@ class RagtollProcess:
         assert self.proc is not None
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextlib.contextmanager
+def replicas(procs: list[RagtollProcess], ready_s: float = 60) -> Iterator[list[str]]:
+    """Start `procs` side by side, wait until each answers its readiness path, yield their base
+    URLs; stop them all afterwards."""
+    try:
+        for proc in procs:
+            proc.launch()
+        for proc in procs:
+            proc.wait_ready(ready_s)
+        yield [proc.base for proc in procs]
+    finally:
+        for proc in procs:
+            proc.stop()

@@ -11,7 +11,7 @@ import pytest
 from ragtoll.proxy.core.principals import HOUR_MS, MINUTE_MS
 from ragtoll.proxy.stores.principals import MemoryPrincipalStore, PrincipalStore, RedisPrincipalStore
 from ragtoll.proxy.stores.redis import RedisStore
-from test_store_contract import CLUSTER, redis_cluster_url  # noqa: F401 - the session's cluster fixture
+from test_store_contract import CLUSTER
 
 T0 = 1_700_000_000_000 - 1_700_000_000_000 % HOUR_MS  # the start of an hour
 STALE_MS = 20 * MINUTE_MS

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import orjson
 import pytest
@@ -18,8 +18,6 @@ from ragtoll.proxy.core.hold import Grant
 from ragtoll.proxy.stores.base import SEEN_CHUNKS_CAP, Store, TaskMeta
 from ragtoll.proxy.stores.memory import MemoryStore
 from ragtoll.proxy.stores.redis import RedisStore
-from support.budget_cluster import start_budget_cluster
-from support.redis_server import stop_all
 
 META = TaskMeta("bounded", "simple_fact", "openai")
 LLM = Charge(steps=1, context_tokens=100, prompt_tokens=100, completion_reserve=50, cost_certain=1_000,
@@ -28,15 +26,6 @@ T0 = 1_700_000_000_000
 # The Cluster runs are slow as a group: the session's 3-master cluster takes 2 s to start, paid by
 # whichever of them runs first (`-m "not slow"` keeps memory and one Redis server).
 CLUSTER = pytest.param("cluster", marks=pytest.mark.slow)
-
-
-@pytest.fixture(scope="session")
-def redis_cluster_url() -> Iterator[str]:
-    nodes = start_budget_cluster(3)
-    try:
-        yield f"redis+cluster://127.0.0.1:{nodes[0].port}"
-    finally:
-        stop_all(nodes)
 
 
 @pytest.fixture(params=["memory", "redis", CLUSTER])

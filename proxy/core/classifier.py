@@ -177,5 +177,6 @@ def _compared_items(matched: str, text: str) -> int:
 
 
 def _snippet(matched: str) -> str:
-    matched = matched.strip(" ,;:-")
+    """The matched words for the reason, printable (a control character in the query becomes a space)."""
+    matched = "".join(c if c.isprintable() else " " for c in matched).strip(" ,;:-")
     return matched if len(matched) <= 40 else matched[:37] + "..."

@@ -101,12 +101,12 @@ def test_empty_and_oversized_queries() -> None:
     assert classify("What is the notice period? " + "x " * MAX_CHARS + "investigate")[0] == "simple_fact"
 
 
-@given(st.text(max_size=3000))
 def test_a_control_character_in_the_query_stays_out_of_the_reason() -> None:
     _label, reason = classify("?\x1b?")  # hypothesis found it: the reason is a span attribute
     assert reason.isprintable()
 
 
+@given(st.text(max_size=3000))
 def test_total_and_deterministic(query: str) -> None:
     label, reason = classify(query)
     assert label in CLASSES

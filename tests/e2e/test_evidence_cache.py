@@ -116,7 +116,8 @@ def cache_proxy(retriever: tuple[str, Retriever], telemetry: Any) -> Any:
 
 
 def token(sub: str, groups: list[str], **extra: Any) -> str:
-    claims = {"sub": sub, "groups": groups, "aud": "ragtoll", "exp": int(time.time()) + 300, **extra}
+    # valid for a day: the module-level tokens are made at collection, which may be long before a test runs
+    claims = {"sub": sub, "groups": groups, "aud": "ragtoll", "exp": int(time.time()) + 86400, **extra}
     return jwt.encode(claims, SECRET, algorithm="HS256")
 
 

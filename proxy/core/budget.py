@@ -42,6 +42,8 @@ COUNTER = {
     "max_stalled_retrievals": "stalled",
     "max_fruitless_retrievals": "fruitless",
 }
+# limits on the progress verdicts: they refuse only retrievals, and reaching one ends the task's search
+PROGRESS_DIMENSIONS = ("max_stalled_retrievals", "max_fruitless_retrievals")
 LLM_OPERATIONS = frozenset({"chat", "text_completion", "generate_content", "messages"})
 _NUMBER = re.compile(r"^[0-9]{1,15}(\.[0-9]{1,9})?$")
 
@@ -154,7 +156,7 @@ def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, ne
         elif dim == "max_cost_usd":
             used = ledger.used("cost_nusd")
             bad = charge.cost > 0 and (used + charge.cost_certain > limit or used >= limit)
-        elif dim in ("max_stalled_retrievals", "max_fruitless_retrievals"):
+        elif dim in PROGRESS_DIMENSIONS:
             bad = charge.retrieval_calls > 0 and ledger.used(COUNTER[dim]) >= limit  # type: ignore[arg-type]
         else:
             add = getattr(charge, COUNTER[dim])  # type: ignore[arg-type]
@@ -162,9 +164,6 @@ def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, ne
         if bad:
             return dim
     return None
-
-
-PROGRESS_DIMENSIONS = ("max_stalled_retrievals", "max_fruitless_retrievals")
 
 
 def exhausted(limits: Mapping[str, int], ledger: Ledger) -> str | None:

@@ -36,9 +36,9 @@ from eval_cache import DATA, K, Retriever, metadata_vocab
 from ragtoll.proxy.cache.embedders import CachedEmbedder, Embedder, LocalEmbedder, LocalModel, NoEmbedder
 from ragtoll.proxy.cache.evidence import EvidenceCache, Query
 from ragtoll.proxy.cache.partition import normalize_query
-from ragtoll.proxy.cache.principal import Principal
-from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
 from ragtoll.proxy.config import CacheConfig
+from ragtoll.proxy.model import Principal
+from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
 
 TICK_S = 0.001
 

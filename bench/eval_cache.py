@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 from ragtoll.proxy.cache.embedders import CachedEmbedder, Embedder, LocalEmbedder, LocalModel
 from ragtoll.proxy.cache.evidence import EvidenceCache, Query
-from ragtoll.proxy.cache.principal import Principal
-from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
 from ragtoll.proxy.config import CacheConfig
+from ragtoll.proxy.model import Principal
+from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
 
 DATA = pathlib.Path(__file__).parent / "data" / "cache_eval.json"
 K = 5

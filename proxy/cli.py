@@ -50,10 +50,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _load(path: str | None) -> object:
-    from . import config
+    from . import adapters, config
 
     try:
-        return config.load(os.environ, path)
+        settings = config.load(os.environ, path)
+        adapters.check(settings.upstreams)
+        return settings
     except ConfigError as exc:
         print(f"ragtoll: invalid configuration: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -126,8 +128,7 @@ def _add_principal_command(sub: argparse._SubParsersAction[argparse.ArgumentPars
 
 def _principal_id(args: argparse.Namespace) -> int:
     """The id the proxy gives such a caller (core/principals.py): subject, else credential, else address."""
-    from .cache.principal import CREDENTIAL_HEADERS, credential
-    from .core.principals import principal_id
+    from .core.principals import CREDENTIAL_HEADERS, credential, principal_id
 
     headers = {h: getattr(args, h.replace("-", "_")) or "" for h in CREDENTIAL_HEADERS}
     for h, value in headers.items():

@@ -282,7 +282,6 @@ class UpstreamConfig:
             _bad(f"{where}.prefix", prefix, "a path such as /openai (letters, digits, '.', '_', '~', '-')")
         if prefix == "/admin" or prefix.startswith("/admin/") or prefix in _RESERVED:
             _bad(f"{where}.prefix", prefix, "a prefix outside the reserved /admin, /healthz, /readyz, /metrics")
-        self._validate_adapter(where)
         self.timeouts.validate(f"{where}.timeouts")
         self.limits.validate(f"{where}.limits")
         self.tls.validate(f"{where}.tls")
@@ -293,17 +292,6 @@ class UpstreamConfig:
         if self.http2 and self.proxy is not None:
             _bad(f"{where}.http2", True, "false when a proxy is set (HTTP/2 upstreams are reached directly)")
         self.cache.validate(f"{where}.cache", self.fields.get("version_header"))
-
-    def _validate_adapter(self, where: str) -> None:
-        # the registry's public functions, imported late only to keep check-config light
-        from . import adapters
-
-        if self.api not in adapters.names():
-            _bad(f"{where}.api", self.api, f"one of the adapters: {', '.join(adapters.names())}")
-        keys = adapters.field_keys(self.api)  # adapters driven by `fields:` paths say which they read
-        if keys is not None:
-            for key in sorted(set(self.fields) - keys):
-                _bad(f"{where}.fields.{key}", self.fields[key], f"a field of {self.api}: one of {', '.join(sorted(keys))}")
 
 
 @dataclass(frozen=True)

@@ -5,8 +5,11 @@ Pure data: frozen dataclasses, no I/O, no imports from the rest of ragtoll.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+import xxhash
 
 # task.source values: which DESIGN.md "Task identity" rule produced the id
 SOURCE_BAGGAGE = "baggage"
@@ -14,6 +17,7 @@ SOURCE_TRACEPARENT = "traceparent"
 SOURCE_HEADER = "header"
 SOURCE_SESSION = "session"
 SOURCE_PER_CALL = "per-call"
+TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:~@/+=-]{1,128}$")  # what a task id may be (also admin paths)
 OUTPUT_TEXT_KEEP = 16_384  # characters of generated text an observer keeps for content capture
 
 
@@ -31,6 +35,28 @@ class TaskRef:
     trace_id: int
     baggage: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()  # why a header or baggage member was ignored
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who a call is for, as the evidence cache's ACL decisions see it (request/caller.py resolves it)."""
+
+    subject: str
+    groups: frozenset[str] = frozenset()
+    tenant: str = ""
+    authenticated: bool = False
+
+    @property
+    def key(self) -> str:
+        """The exact principal: subject, tenant and groups. Owner of entries with unknown ACLs."""
+        raw = "\x00".join((self.tenant, self.subject, *sorted(self.groups)))
+        return xxhash.xxh3_128_hexdigest(raw.encode())
+
+    @property
+    def view(self) -> frozenset[str]:
+        """What an upstream that filters by caller can tell this caller by: its groups (within its
+        tenant, which partitions the cache); an anonymous caller also by its credential (the subject)."""
+        return self.groups if self.authenticated else self.groups | {self.subject}
 
 
 @dataclass(frozen=True, slots=True)

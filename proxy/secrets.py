@@ -8,11 +8,18 @@ ConfigError at startup, naming the key, never a silent "ignore".
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from .config import Settings
 from .core.signing import MIN_KEY_BYTES
 from .errors import ConfigError
+
+
+def environment(env: Mapping[str, str] | None) -> Mapping[str, str]:
+    """Where secrets and `OTEL_*` settings are read: `env` when given (tests, embedding), else the
+    process environment. The one place outside config that falls back to `os.environ`."""
+    return os.environ if env is None else env
 
 
 def read_secret(env: Mapping[str, str], env_name: str | None, file_path: str | None, *, key: str) -> bytes | None:

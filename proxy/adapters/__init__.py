@@ -1,12 +1,16 @@
 """The adapter registry: API name (an upstream's `api:` key) -> adapter factory.
 
-A new upstream API is one module plus one line here.
+A new upstream API is one module plus one line here. The registry checks the `api:` and `fields:`
+keys of configured upstreams (`check`); config itself knows no adapter.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from ..errors import ConfigError
 from .anthropic import AnthropicAdapter
-from .base import Adapter, AdapterFactory
+from .base import Adapter, AdapterFactory, UpstreamInfo
 from .openai import OpenAIAdapter
 from .passthrough import PassthroughAdapter
 from .rerank import CohereRerankAdapter, TeiRerankAdapter
@@ -40,4 +44,20 @@ def field_keys(api: str) -> frozenset[str] | None:
     return frozenset(keys) if keys is not None else None
 
 
-__all__ = ["ADAPTERS", "Adapter", "AdapterFactory", "field_keys", "names"]
+def check(upstreams: Sequence[UpstreamInfo]) -> None:
+    """Each upstream names a registered adapter, and only `fields:` keys its adapter reads; else
+    ConfigError naming the key (`upstreams[i].api`, `upstreams[i].fields.<key>`) and what is valid."""
+    for i, up in enumerate(upstreams):
+        where = f"upstreams[{i}]"
+        if up.api not in ADAPTERS:
+            raise ConfigError(f"Config '{where}.api' has value {up.api!r}. Expected one of the adapters: "
+                              f"{', '.join(names())}.", key=f"{where}.api")
+        keys = field_keys(up.api)  # adapters driven by `fields:` paths say which they read
+        unknown = sorted(set(up.fields) - keys) if keys is not None else []
+        if keys is not None and unknown:
+            key = unknown[0]
+            raise ConfigError(f"Config '{where}.fields.{key}' has value {up.fields[key]!r}. Expected a field of "
+                              f"{up.api}: one of {', '.join(sorted(keys))}.", key=f"{where}.fields.{key}")
+
+
+__all__ = ["ADAPTERS", "Adapter", "AdapterFactory", "check", "field_keys", "names"]

@@ -63,6 +63,9 @@ class UpstreamInfo(Protocol):
     def kind(self) -> str: ...
 
     @property
+    def api(self) -> str: ...
+
+    @property
     def fields(self) -> Mapping[str, str]: ...
 
 

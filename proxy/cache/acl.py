@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import orjson
 
-from .principal import Principal
+from ..model import Principal
 
 MAX_AUTHZ_CACHE = 100_000
 

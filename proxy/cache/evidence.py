@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
+from ..core.verify import features, top_margin, verify
+from ..model import Principal
+from ..stores.evidence import Entry, EvidenceStore
 from . import acl
 from .audit import Auditor
 from .embedders import Embedder, NoEmbedder
-from .entry import Entry, EvidenceStore
 from .flights import Flight, Flights
 from .lexical import LexicalIndex
 from .partition import Partition, canonical_filters, exact_key, filter_words, normalize_query, serves_top_k
-from .principal import Principal
-from .verify import features, top_margin, verify
 from .versions import Probe, SourceState, Versions, compose
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .entry import Entry
+from ..stores.evidence import Entry
 
 if TYPE_CHECKING:
     import numpy as np

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .verify import INTENT_FLOOR, Features, content_overlap, features, verify
+from ..core.verify import INTENT_FLOOR, Features, content_overlap, features, verify
 
 MAX_PARTITIONS = 10_000
 MAX_PER_PARTITION = 5_000

@@ -32,6 +32,15 @@ DAY_BUCKETS = 24  # hour buckets summed for the day
 SCOPE = "principal"  # the `scope` of a principal rejection (a task's own budget is scope `task`)
 
 
+CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
+
+
+def credential(headers: Mapping[str, str]) -> str:
+    """The credential a caller sent: the headers the upstream authenticates by, joined (only NULs
+    when it sent none). Only ever hashed, never stored."""
+    return "\x00".join(headers.get(h, "") for h in CREDENTIAL_HEADERS)
+
+
 def subject_id(subject: str, tenant: str = "") -> str:
     """The id of a verified identity."""
     return f"sub:{tenant}/{subject}" if tenant else f"sub:{subject}"
@@ -43,7 +52,7 @@ def credential_id(credential: str) -> str:
 
 
 def principal_id(subject: str | None, tenant: str, credential: str, address: str) -> str:
-    """`subject`: a verified identity's, or None. `credential`: `cache.principal.credential(headers)`."""
+    """`subject`: a verified identity's, or None. `credential`: `credential(headers)`."""
     if subject:
         return subject_id(subject, tenant)
     if credential.strip("\x00"):

@@ -31,10 +31,10 @@ from itertools import pairwise
 
 import orjson
 
-from ..cache.verify import content_overlap, features
 from ..model import Chunk
 from .evidence_track import chunk_key, fingerprint
 from .queries import normalize
+from .verify import content_overlap, features
 
 # reasons
 NEW_TOP = "new_top_results"

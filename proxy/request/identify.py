@@ -24,6 +24,7 @@ from ..model import (
     SOURCE_PER_CALL,
     SOURCE_SESSION,
     SOURCE_TRACEPARENT,
+    TASK_ID_PATTERN,
     TaskRef,
 )
 
@@ -31,7 +32,6 @@ BAGGAGE_TASK_KEY = "ragtoll.task.id"
 MAX_BAGGAGE_BYTES = 8192  # W3C baggage limits
 MAX_BAGGAGE_MEMBERS = 180
 _TRACEPARENT = re.compile(r"^([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?$")
-TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:~@/+=-]{1,128}$")  # what a task id may be (also admin paths)
 _BAGGAGE_KEY = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 MAX_SESSIONS = 100_000
 

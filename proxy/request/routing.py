@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from .. import adapters
 from ..adapters import ADAPTERS, Adapter
 from ..config import UpstreamConfig
 from ..errors import NotFound, Rejected
@@ -25,6 +26,8 @@ class Route:
 
 class Router:
     def __init__(self, upstreams: Sequence[UpstreamConfig]) -> None:
+        """Raises ConfigError for an upstream whose `api:` or `fields:` its adapter does not know."""
+        adapters.check(upstreams)
         routes = [Route(up, ADAPTERS[up.api](up), up.route_prefix) for up in upstreams]
         self.routes = sorted(routes, key=lambda r: len(r.prefix), reverse=True)
         self.prefixes = sorted(r.prefix for r in routes)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..cache.entry import EvidenceStore
 from ..config import Settings
 from ..errors import ConfigError
 from .base import Decision, Store, TaskMeta
+from .evidence import EvidenceStore
 from .memory import MemoryStore
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+cluster://")
@@ -30,12 +30,12 @@ def open_stores(settings: Settings) -> Stores:
     url = settings.store
     cache = settings.cache
     if url == "memory":
-        from ..cache.store_memory import MemoryEvidenceStore
+        from .evidence_memory import MemoryEvidenceStore
 
         return Stores(MemoryStore(), MemoryEvidenceStore(cache.max_entries, cache.max_bytes,
                                                          cache.max_partition_entries))
     if url.startswith(REDIS_SCHEMES):
-        from ..cache.store_redis import RedisEvidenceStore  # late: only Redis deployments import redis
+        from .evidence_redis import RedisEvidenceStore  # late: only Redis deployments import redis
         from .redis import RedisStore
 
         budget = RedisStore(url, timeout_s=settings.store_timeout_ms / 1000, ttl_s=settings.budgets.task_ttl_s,

@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, SlotNotCoveredError
+from redis.exceptions import NoScriptError, RedisError, SlotNotCoveredError
 
 from ..config import DIMENSIONS
 from ..core.budget import Actual, Charge, Ledger, Reservation
@@ -278,6 +278,26 @@ class RedisStore:
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+
+async def read_records(url: str, stream: str, *, batch: int = 1000,
+                       timeout_s: float = 5.0) -> list[tuple[str, dict[bytes, bytes]]]:
+    """Every entry of a task-record stream (what `append_records` writes), oldest first, as
+    (entry id, fields), read `batch` entries per round trip. Raises StoreUnavailable."""
+    client = connect(url, timeout_s=timeout_s)
+    entries: list[tuple[str, dict[bytes, bytes]]] = []
+    start = "-"
+    try:
+        while True:
+            page: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(stream, min=start, max="+", count=batch)
+            entries.extend((entry_id.decode(), fields) for entry_id, fields in page)
+            if len(page) < batch:
+                return entries
+            start = "(" + page[-1][0].decode()
+    except RedisError as exc:
+        raise StoreUnavailable(f"cannot read stream {stream!r}: {exc}") from exc
+    finally:
+        await client.aclose()
 
 
 def _ledger(task_id: str, flat: list[bytes]) -> Ledger:

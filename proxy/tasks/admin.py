@@ -1,4 +1,5 @@
-"""The admin API under /admin: read a task's ledger, end a task with an outcome, the OpenAPI text.
+"""The admin API under /admin: read a task's ledger, end a task with an outcome, announce a source's
+version (the evidence cache's freshness), the OpenAPI text.
 
 Every route but /admin/openapi.json needs `Authorization: Bearer <token>`, the token coming from
 the file `admin.token_file` or the variable `admin.token_env`; with neither set the API refuses
@@ -8,9 +9,8 @@ everything (secure by default). Tokens are compared in constant time. Errors are
 from __future__ import annotations
 
 import hmac
-import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import orjson
@@ -19,14 +19,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..cache.versions import VersionSuperseded
 from ..config import DIMENSIONS, Settings
 from ..core import budget as bm
-from ..request.identify import TASK_ID_PATTERN
+from ..model import TASK_ID_PATTERN
 from ..secrets import admin_token
 from .records import TaskEnder, _iso
 
 MAX_BODY = 4096
 MAX_REMEMBERED_ENDED = 100_000  # task ids that may still get a late outcome on this replica
+SetVersion = Callable[[str, str], Awaitable[object]]
 
 
 def _id_hash(task_id: str) -> int:
@@ -68,16 +70,17 @@ def ledger_view(ledger: bm.Ledger, settings: Settings, now_ms: int) -> dict[str,
 class AdminApi:
     """Routes bound to the app's live store and ender (both set in the lifespan)."""
 
-    def __init__(self, settings: Settings, env: Mapping[str, str] | None = None,
-                 wall_ms: Callable[[], int] | None = None) -> None:
+    def __init__(self, settings: Settings, env: Mapping[str, str], wall_ms: Callable[[], int] | None = None) -> None:
+        """`env`: where the token named by `admin.token_env` is read (the app's)."""
         self.settings = settings
-        env = os.environ if env is None else env
         self._token = admin_token(settings, env)
         self._ender: TaskEnder | None = None
         # 64-bit hashes of the task ids recently ended here, for late outcomes: ~70 bytes each at
         # the bound instead of ~190 for the id strings (ids are caller-chosen and can be long)
         self._ended: dict[int, None] = {}
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
+        # the evidence cache's `set_source_version` while it serves (set in the app's lifespan)
+        self.set_source_version: SetVersion | None = None
 
     @property
     def ender(self) -> TaskEnder | None:
@@ -100,6 +103,8 @@ class AdminApi:
             Route("/admin/tasks/{task_id:path}/end", self.end_task, methods=["POST"]),
             Route("/admin/tasks/{task_id:path}/outcome", self.post_outcome, methods=["POST"]),
             Route("/admin/tasks/{task_id:path}", self.get_task, methods=["GET"]),
+            *([Route("/admin/sources/{name}/version", self.post_source_version, methods=["POST"])]
+              if self.settings.cache.enabled else []),
         ]
 
     def unauthorized(self, request: Request) -> Response | None:
@@ -189,6 +194,37 @@ class AdminApi:
         except Exception as exc:  # noqa: BLE001 - a failing sink is a 503 here, nothing else changes
             return admin_error(503, "sink_unavailable", f"the task record sink failed: {type(exc).__name__}")
         return _json(entry)
+
+    async def post_source_version(self, request: Request) -> Response:
+        """The ingestion pipeline announces a source's version: body `{"version": "<1-128 printable
+        ASCII>"}`. A new value makes older entries unreachable; the current value again confirms it
+        (entries older than the source's staleness bound serve again, for one bound); a value the
+        source has moved past is refused with 409 (versions only move forward)."""
+        if (refused := self.unauthorized(request)) is not None:
+            return refused
+        if self.set_source_version is None:
+            return admin_error(503, "starting", "the proxy is starting")
+        name = request.path_params["name"]
+        try:
+            doc: Any = orjson.loads(await request.body())
+            version = doc["version"] if isinstance(doc, dict) else None
+        except (orjson.JSONDecodeError, KeyError):
+            version = None
+        if isinstance(version, float) and version.is_integer():  # JSON Schema: 147.0 is an integer
+            version = int(version)
+        if isinstance(version, int) and not isinstance(version, bool):
+            version = str(version)
+        if not isinstance(version, str):
+            return admin_error(400, "invalid_version", 'body must be {"version": "<string>"}')
+        try:
+            await self.set_source_version(name, version)
+        except KeyError:
+            return admin_error(404, "source_not_found", f"no upstream named {name!r}")
+        except VersionSuperseded as exc:
+            return admin_error(409, "version_superseded", str(exc))
+        except ValueError as exc:
+            return admin_error(400, "invalid_version", str(exc))
+        return _json({"source": name, "version": version})
 
     async def openapi(self, request: Request) -> Response:
         return _json(OPENAPI)

@@ -1,7 +1,7 @@
 """The evaluation table over task records (the budgets sink's output); limits: recommend.py.
 
 Pure core: `summarize` and the formatters take parsed records and return values or
-text. I/O shell: `read_jsonl` and `read_stream` (the only `redis` import). Record keys are the
+text. I/O shell: `read_jsonl` and `read_stream` (through the store that writes the records). Record keys are the
 task-record contract: task_id, profile, class, route, duration_ms, calls, steps, retrieval_calls,
 unique_queries, rerank_calls, context_tokens, completion_tokens, cost_usd, cache_hits,
 rejections, exhausted, outcome, end_reason.
@@ -9,6 +9,7 @@ rejections, exhausted, outcome, end_reason.
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import io
 import math
@@ -18,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import RagtollError
+from ..errors import RagtollError, StoreUnavailable
 
 GROUPS = ("profile", "class", "route")
 # record key -> the budget dimension that limits it (max_prompt_tokens and max_stalled_retrievals
@@ -126,35 +127,15 @@ def read_jsonl(path: str) -> list[dict[str, Any]]:
 
 
 def read_stream(url: str, key: str, *, batch: int = 1000) -> list[dict[str, Any]]:
-    """Records of a Redis Stream. An entry is either one JSON field (any name) or flat fields."""
-    import redis
+    """Records of a Redis Stream (read by the store that writes them, stores/redis.py). An entry is
+    either one JSON field (any name) or flat fields."""
+    from ..stores.redis import read_records  # late: only Redis deployments import redis
 
-    from ..stores.redis import seed_url
-
-    plain, cluster = seed_url(url)  # the store URL form ragtoll's config uses
-    client: Any
-    if cluster:
-        from redis.cluster import RedisCluster
-
-        client = RedisCluster.from_url(plain, socket_timeout=5, socket_connect_timeout=5)
-    else:
-        client = redis.Redis.from_url(plain, socket_timeout=5, socket_connect_timeout=5)
-    items: list[tuple[Any, str]] = []
-    start = "-"
     try:
-        while True:
-            entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(
-                key, min=start, max="+", count=batch
-            )
-            for entry_id, fields in entries:
-                items.append((_entry(fields), f"{key}#{entry_id.decode()}"))
-            if len(entries) < batch:
-                return parse_records(items)
-            start = "(" + entries[-1][0].decode()
-    except redis.RedisError as exc:
-        raise ReportError(f"cannot read stream {key!r} from {url}: {exc}") from exc
-    finally:
-        client.close()
+        entries = asyncio.run(read_records(url, key, batch=batch))
+    except StoreUnavailable as exc:
+        raise ReportError(f"{exc.message} ({url})") from exc
+    return parse_records([(_entry(fields), f"{key}#{entry_id}") for entry_id, fields in entries])
 
 
 def _entry(fields: Mapping[bytes, bytes]) -> Any:

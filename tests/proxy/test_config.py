@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from ragtoll.proxy import config
+from ragtoll.proxy import adapters, cli, config
+from ragtoll.proxy.app import build_app
 from ragtoll.proxy.errors import ConfigError
 
 GOOD = """
@@ -73,7 +75,6 @@ def test_env_overrides_a_file(tmp_path: Path) -> None:
     ("upstreams: [{name: a, kind: llmm, url: 'http://x'}]",
      "Config 'upstreams[0].kind' has value 'llmm'. Expected one of: llm, embeddings, retrieval, rerank, other."),
     ("upstreams: [{name: a, kind: llm, url: 'ftp://x'}]", "Config 'upstreams[0].url' has value 'ftp://x'"),
-    ("upstreams: [{name: a, kind: llm, url: 'http://x', api: nope}]", "Config 'upstreams[0].api' has value 'nope'"),
     ("upstreams: [{name: a, kind: llm, url: 'http://x', prefix: /admin}]", "reserved /admin"),
     ("upstreams: [{name: a, kind: llm, url: 'http://x', prefix: /a}, {name: b, kind: llm, url: 'http://y', prefix: /a/b}]",
      "does not overlap '/a'"),
@@ -101,6 +102,26 @@ def test_bad_config_names_key_value_and_fix(tmp_path: Path, text: str, needle: s
     with pytest.raises(ConfigError) as info:
         config.load({}, write(tmp_path, text))
     assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("upstreams: [{name: a, kind: llm, url: 'http://x', api: nope}]",
+     "Config 'upstreams[0].api' has value 'nope'. Expected one of the adapters: anthropic,"),
+    ("upstreams: [{name: a, kind: retrieval, url: 'http://x', api: json, fields: {qery: q}}]",
+     "Config 'upstreams[0].fields.qery' has value 'q'. Expected a field of json: one of"),
+])
+def test_adapter_keys_are_checked_by_the_adapter_registry(tmp_path: Path, text: str, needle: str,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    path = write(tmp_path, text)
+    settings = config.load({}, path)  # config itself knows no adapter (it imports none)
+    with pytest.raises(ConfigError) as info:
+        adapters.check(settings.upstreams)
+    assert needle in str(info.value)
+    with pytest.raises(ConfigError, match=re.escape(needle)):  # the app refuses to start
+        build_app(settings)
+    with pytest.raises(SystemExit) as exited:  # and check-config (and serve) say so
+        cli.main(["check-config", path])
+    assert exited.value.code == 2 and needle in capsys.readouterr().err
 
 
 def test_bad_env_upstream_names_the_variable() -> None:

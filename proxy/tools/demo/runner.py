@@ -26,6 +26,7 @@ from ragtoll.instrumentation import setup
 
 from ... import config
 from ...app import build_app
+from ...secrets import environment
 from .. import report
 from . import agent, scoring, services
 from .corpus import PRINCIPALS, Task, load_corpus, load_gold, load_workload
@@ -254,7 +255,7 @@ def run_demo(
     out: TextIO = sys.stdout,
     stop: threading.Event | None = None,
 ) -> DemoResult:
-    env = os.environ if env is None else env
+    env = environment(env)
     t0 = time.perf_counter()
     tasks = load_workload(quick)
     tracer_provider = setup.tracer_provider(env, "ragtoll")

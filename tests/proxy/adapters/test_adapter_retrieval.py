@@ -144,14 +144,14 @@ def test_chunks_without_ids_get_their_text_fingerprint() -> None:
     assert ids[0] == ids[1] == chunk_key(Chunk("", "some text")) and ids[0].startswith("fp:")
 
 
-def test_config_rejects_unknown_field_keys() -> None:
-    from ragtoll.proxy import config
+def test_the_registry_rejects_unknown_field_keys() -> None:
+    from ragtoll.proxy import adapters, config
     from ragtoll.proxy.errors import ConfigError
 
     up = {"name": "docs", "kind": "retrieval", "api": "json", "url": "http://127.0.0.1:1", "fields": {"qurey": "q"}}
     with pytest.raises(ConfigError, match=r"upstreams\[0\]\.fields\.qurey"):
-        config.parse({"upstreams": [up]})
-    config.parse({"upstreams": [{**up, "fields": {"query": "q", "acl": "meta.groups"}}]})
+        adapters.check(config.parse({"upstreams": [up]}).upstreams)
+    adapters.check(config.parse({"upstreams": [{**up, "fields": {"query": "q", "acl": "meta.groups"}}]}).upstreams)
 
 
 # --- what selects the evidence besides query, filters and top_k (Call.selector) ----------------------

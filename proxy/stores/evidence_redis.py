@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..stores.redis import connect
-from .entry import Entry
+from .evidence import Entry
+from .redis import connect
 
 VERSION_TTL_S = 30 * 24 * 3600
 VERSIONS_KEPT = 1000  # values remembered per source and channel (an older one could come back as new)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ragtoll.proxy.cache.verify import features, top_margin, verify
+from ragtoll.proxy.core.verify import features, top_margin, verify
 
 
 def check(a: str, b: str, vocab: tuple[str, ...] = (), similarity: float = 0.9) -> str | None:

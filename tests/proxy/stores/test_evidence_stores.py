@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
-from ragtoll.proxy.cache.entry import Entry
-from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
-from ragtoll.proxy.cache.store_redis import RedisEvidenceStore
+from ragtoll.proxy.stores.evidence import Entry
+from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
+from ragtoll.proxy.stores.evidence_redis import RedisEvidenceStore
 
 
 def unit(*xs: float) -> np.ndarray:

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from .entry import Entry
+from .evidence import Entry
 
 if TYPE_CHECKING:
     import numpy as np

@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import datetime
@@ -26,19 +25,18 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route as HttpRoute
 
 from . import __version__
-from .cache.admin import version_endpoint
-from .cache.principal import PrincipalResolver
 from .config import Settings
 from .core import tokens
 from .errors import NotFound, ShuttingDown, render
+from .request.caller import CallerResolver
 from .request.exchange import Exchange, Stage
 from .request.identify import Identifier, derived_span_id
 from .request.pipeline import Pipeline, Receive, Scope, Send
 from .request.routing import Router
 from .request.upstream import UpstreamClient
-from .secrets import budget_hmac_key
-from .stages.budget import BudgetStage
-from .stages.cache import CacheStage
+from .secrets import budget_hmac_key, environment
+from .stages.budget import BudgetStage, breaker_for
+from .stages.cache import CacheStage, evidence_cache
 from .stages.evidence import EvidenceStage
 from .stages.outcome import OutcomeStage
 from .stages.principal import PrincipalStage
@@ -54,14 +52,22 @@ log = logging.getLogger("ragtoll")
 
 def build_stages(settings: Settings, *, stores: Stores, cache: CacheStage | None, env: Mapping[str, str],
                  ender: TaskEnder, principal: Stage | None = None) -> list[Stage]:
-    """The ordered stage list (DESIGN.md): the cache (proposes a hit), the principal's budget across
-    tasks, the budget (charges or refuses it, reserves the call), evidence (what the answer brought,
-    the context landfill), the span record, and baggage outcomes. `on_end` runs in reverse order."""
+    """The ordered stage list (DESIGN.md), each stage's one-line contract (its `contract` names the
+    exchange fields; `Pipeline` checks the order serves them):
+
+    cache      reads the caller and the parsed call; proposes a hit, files a miss's evidence
+    principal  reads the caller; refuses a principal past its limits; charges it the call's settlement
+    budget     reads the task, the call and the proposal; reserves (or refuses), holds a stream, settles
+    evidence   reads the budget's new-chunk count and the answer; x-ragtoll-evidence, the landfill
+    span       reads the call and the answer; writes what the call really was on its span
+    outcome    reads the task's baggage; records a signed verdict
+
+    `on_end` runs in reverse order, so the principal charges what the budget settled."""
     stages: list[Stage] = [cache] if cache is not None else []
     if settings.budgets.enabled and principal is not None:
         stages.append(principal)
     if settings.budgets.enabled:
-        stages.append(BudgetStage(settings, stores.budget, hmac_key=budget_hmac_key(settings, env)))
+        stages.append(BudgetStage(settings, breaker_for(settings, stores.budget), hmac_key=budget_hmac_key(settings, env)))
     stages.append(EvidenceStage())
     stages.append(SpanStage(settings))
     stages.append(OutcomeStage(ender.record_outcome, settings.store_timeout_ms / 1000,
@@ -80,7 +86,7 @@ class RagtollApp:
         env: Mapping[str, str] | None = None,
     ) -> None:
         self.settings = settings
-        self.env = os.environ if env is None else env
+        self.env = environment(env)
         self.prometheus = prometheus
         self.tracer_provider = tracer_provider or trace.get_tracer_provider()
         self.meter_provider = meter_provider or metrics.get_meter_provider()
@@ -88,7 +94,7 @@ class RagtollApp:
         self.router = Router(settings.upstreams)
         self.identifier = Identifier(settings.tasks)
         # identity config (a JWT secret, a JWKS file) is checked here: a bad one stops start-up
-        self.resolver = PrincipalResolver(settings.identity, self.env)
+        self.callers = CallerResolver(settings.identity, self.env)
         budget_hmac_key(settings, self.env)  # a weak or unreadable key stops start-up too
         self.pipeline: Pipeline | None = None
         self.stores: Stores | None = None
@@ -101,18 +107,12 @@ class RagtollApp:
         self.metrics = Metrics(self.meter_provider, upstreams=[u.name for u in settings.upstreams],
                                profiles=list(settings.budgets.profiles), version=__version__)
         self.cache: CacheStage | None = None  # the cache stage while serving (its lifespan)
-        extra: list[HttpRoute] = []
-        if settings.cache.enabled:
-            extra.append(HttpRoute("/admin/sources/{name}/version",
-                                   version_endpoint(self._set_source_version, self.admin.unauthorized),
-                                   methods=["POST"]))
         self.starlette = Starlette(
             routes=[
                 HttpRoute("/healthz", self.healthz, methods=["GET", "HEAD"]),
                 HttpRoute("/readyz", self.readyz, methods=["GET", "HEAD"]),
                 HttpRoute("/metrics", self.metrics_text, methods=["GET"]),
                 *self.admin.routes(),
-                *extra,
                 HttpRoute("/{path:path}", self.not_found,
                           methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]),
             ],
@@ -133,19 +133,21 @@ class RagtollApp:
         ender = TaskEnder(stores.budget, open_sink(stores.budget, budgets.records_file,
                                                    max_bytes=budgets.records_max_bytes, keep=budgets.records_keep),
                           self.settings.tasks.idle_timeout_s)
-        self.cache = CacheStage(self.settings, store=stores.evidence, client=client, resolver=self.resolver,
+        self.cache = CacheStage(self.settings, evidence_cache(self.settings, stores.evidence, client), client,
                                 tracer_provider=self.tracer_provider, meter_provider=self.meter_provider) \
             if self.settings.cache.enabled else None
         principals = open_principal_store(self.settings, stores.budget)
-        principal = PrincipalStage(self.settings, principals, self.resolver) if principals is not None else None
+        principal = PrincipalStage(self.settings, principals) if principals is not None else None
         stages = build_stages(self.settings, stores=stores, cache=self.cache, env=self.env, ender=ender,
                               principal=principal)
-        self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.tracer,
+        self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.callers, self.tracer,
                                  on_end=self._record_call)
         ender.listeners.append(self._task_ended)
         task_stages = [s for s in stages if type(s).on_task_end is not Stage.on_task_end]
         ender.listeners.append(lambda record: _forget(task_stages, str(record.get("task_id"))))
         self.admin.ender = ender
+        if self.cache is not None:
+            self.admin.set_source_version = self.cache.set_source_version
         # Everything made so far (modules, encodings, config) lives as long as the process: keep it
         # out of the garbage collector's full passes, which otherwise grow with it.
         gc.freeze()
@@ -172,19 +174,13 @@ class RagtollApp:
                 await principal.drain()  # the ended tasks' releases, before the store closes
             self.pipeline = None
             self.admin.ender = None
+            self.admin.set_source_version = None
             if self.cache is not None:
                 await self.cache.aclose()
             self.cache = None
             await client.aclose()
             self.stores = None
             await stores.aclose()
-
-    async def _set_source_version(self, name: str, version: str) -> None:
-        """`POST /admin/sources/{name}/version`: entries of older versions become unreachable; the
-        current version again confirms it (cache/admin.py)."""
-        if self.cache is None:
-            raise RuntimeError("ragtoll is not serving yet")
-        await self.cache.set_source_version(name, version)
 
     def drain(self) -> None:
         """SIGTERM: refuse new calls (503, `shutting_down`); the lifespan's end waits for the rest."""
@@ -238,7 +234,7 @@ class RagtollApp:
 
     def _record_call(self, ex: Exchange) -> None:
         """Metrics of one finished call (the pipeline's failsafe end hook)."""
-        ticket = ex.ticket
+        adm = ex.admission
         usage = ex.observation.usage
         cache = ex.cache
         hit = cache is not None and cache.result == "hit" and ex.proposal is not None
@@ -248,11 +244,11 @@ class RagtollApp:
             duration_s=time.perf_counter() - ex.started, upstream_s=ex.upstream_seconds,
             request_model=ex.call.model, response_model=ex.observation.response_model,
             input_tokens=usage.input_tokens if usage else None, output_tokens=usage.output_tokens if usage else None,
-            cost_usd=ticket.cost_usd if ticket else None,
+            cost_usd=ex.settlement.cost_usd if ex.settlement else None,
             error_type=ex.error.code if ex.error is not None else None,
-            rejected_dimension=ticket.dimension if ticket and (not ticket.admitted or ticket.shadow) else
+            rejected_dimension=adm.dimension if adm and (not adm.admitted or adm.shadow) else
             _principal_dimension(ex),
-            budget_mode=("shadow" if ticket.shadow else "enforce") if ticket else None,
+            budget_mode=("shadow" if adm.shadow else "enforce") if adm else None,
             cache_result=cache.result if cache else None, cache_tier=cache.tier if cache else None,
         )
 

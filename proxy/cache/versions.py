@@ -21,11 +21,27 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
+import orjson
+
+from ..adapters.fields import get_path
+
 VALID = re.compile(r"^[\x21-\x7e]{1,128}$")  # printable ASCII, no spaces
 PUSHED, OBSERVED = "pushed", "observed"  # the two channels (fields of the source's hash)
 CONFIRM_EVERY_S = 1.0  # a replica re-confirms an unchanged observed version at most this often
 
 Probe = Callable[[], Awaitable[str | None]]  # asks the source for its version (None: no answer)
+
+
+def probed_version(field: str | None, header: str, status: int, body: bytes,
+                   headers: Mapping[str, str]) -> str | None:
+    """The version a probe's answer names: the JSON `field` (a dotted path) of its body, else its
+    `header`; None for an error answer or one that names none."""
+    if status >= 400:
+        return None
+    if field:
+        found = get_path(orjson.loads(body), field) if body else None
+        return str(found) if isinstance(found, (str, int)) and not isinstance(found, bool) else None
+    return headers.get(header.lower()) or None
 
 
 class VersionSuperseded(ValueError):

@@ -13,15 +13,8 @@ import math
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from ..config import DIMENSIONS, BudgetsConfig, Profile
-
-if TYPE_CHECKING:
-    import asyncio
-
-    from .hold import StreamHold
-    from .progress import Verdict
 
 NANO = 1_000_000_000  # cost is kept in nano-USD
 BAGGAGE_PROFILE = "ragtoll.budget.profile"
@@ -376,31 +369,31 @@ def first_query(prompt_texts: list[str], query: str | None, user_text: str | Non
     return prompt_texts[-1] if prompt_texts else None
 
 
-# --- ending a stream that ran out -------------------------------------------------------------------
+# --- one call's admission and settlement ---------------------------------------------------------
 
 
-@dataclass(slots=True)
-class Ticket:
-    """What the budget reserved for one call, for the stream cut and the settle after.
-    Allowances in internal units; None = no cut on that dimension."""
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What the budget decided for one call before forwarding: admitted or not, what it charged,
+    the reservation the settle replaces, and the limits (internal units) and profile it ran under."""
 
     admitted: bool
     charge: Charge
     reservation: Reservation
-    limits: dict[str, int]
+    limits: Mapping[str, int]
     profile: str
     shadow: bool
-    hold: StreamHold | None = None  # a stream: what it may deliver (its reservation plus extensions)
-    extending: asyncio.Task[None] | None = None  # the extension on its way to the store
-    extensions: int = 0  # extensions the store granted (some tokens at least)
-    deadline_ms: int | None = None
-    tail_clean: bool = True  # the bytes sent so far end on an SSE event boundary
     dimension: str | None = None  # the limit that refused (enforce) or would have refused (shadow) the call
-    cost_usd: float | None = None  # settled cost, set in on_end (for metrics)
-    cut: str | None = None
-    settled: bool = False  # settle ran (early, in on_response, or in on_end)
-    annotate: Callable[[], None] | None = None  # the reservation's span record, run before settle or at on_end
     seen_chunks: frozenset[str] | None = None  # retrievals: the task's chunk ids when the call was admitted
-    new_chunks: int | None = None  # retrievals read whole: chunks of the answer new to the task
-    verdict: Verdict | None = None  # retrievals: the progress verdict (core/progress.py), for the span
     finished: str | None = None  # on_exhausted: finish: the limit this call was forwarded past, tools disabled
+    deadline_ms: int | None = None  # wall ms when `max_latency_ms` runs out (enforced only)
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What the task's ledger was finally charged for one admitted call: `cost_nusd`, the settled
+    cost (its reservation's charge when the store did not confirm the settle); `cost_usd`, the
+    settled cost in USD, None when the store did not confirm it."""
+
+    cost_nusd: int
+    cost_usd: float | None

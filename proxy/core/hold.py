@@ -11,8 +11,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .budget import Ledger
+
+if TYPE_CHECKING:
+    import asyncio
 
 DEFAULT_EXTENSION_TOKENS = 256
 
@@ -89,3 +93,15 @@ class StreamHold:
             self.tokens += grant.tokens
         if self.cost_nusd is not None:
             self.cost_nusd += grant.cost_nusd
+
+
+@dataclass(slots=True)
+class StreamState:
+    """One admitted stream as the stream guard runs it: its hold (None: no token or cost cut), the
+    extension on its way to the store, and the cut once made."""
+
+    hold: StreamHold | None
+    extending: asyncio.Task[None] | None = None  # the extension on its way to the store
+    extensions: int = 0  # extensions the store granted (some tokens at least)
+    tail_clean: bool = True  # the bytes sent so far end on an SSE event boundary
+    cut: str | None = None  # the dimension the stream was cut at (or, in shadow, would have been)

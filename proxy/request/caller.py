@@ -1,17 +1,18 @@
-"""Who is asking: the principal (subject, groups, tenant) of a call, for the cache's ACL decisions.
+"""Who is calling, resolved once per call, early (DESIGN.md "Task identity": who is calling).
 
+`CallerResolver.resolve` gives the pipeline one `Caller` per call, which every stage reads from the
+exchange: the principal the cache's ACL decisions use, and the id budgets across tasks count by.
 `identity.mode`: `jwt` verifies a bearer token with PyJWT (HS256 secret, or RS256/ES256 keys from
 a JWKS file; expiry, audience and issuer checked; `alg: none` never accepted); `header` trusts the
 auth gateway's headers - and only in that mode; a gateway that sends groups and no subject gets a
 subject derived from the groups and tenant; `none` keys an anonymous principal by a hash of the
 credential the caller sent, so callers the upstream tells apart never share private entries.
-A token that fails verification gives no principal: the call bypasses the cache. An identity
-header sent twice is ambiguous (`identity:ambiguous`): the cache stage refuses the call.
+A token that fails verification gives no principal (the cache bypasses the call). An identity
+header sent twice is ambiguous (`identity:ambiguous`), never a union.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,9 @@ from typing import Any
 import xxhash
 
 from ..config import IdentityConfig
+from ..core import principals as pc
 from ..errors import ConfigError
+from ..model import Principal
 from ..secrets import jwt_secret
 
 ASYMMETRIC = frozenset({"RS256", "RS384", "RS512", "ES256", "ES384", "ES512", "PS256", "PS384", "PS512", "EdDSA"})
@@ -28,36 +31,28 @@ MAX_TOKEN_BYTES = 16 * 1024
 MAX_GROUPS = 256
 
 
-@dataclass(frozen=True, slots=True)
-class Principal:
-    subject: str
-    groups: frozenset[str] = frozenset()
-    tenant: str = ""
-    authenticated: bool = False
-
-    @property
-    def key(self) -> str:
-        """The exact principal: subject, tenant and groups. Owner of entries with unknown ACLs."""
-        raw = "\x00".join((self.tenant, self.subject, *sorted(self.groups)))
-        return xxhash.xxh3_128_hexdigest(raw.encode())
-
-    @property
-    def view(self) -> frozenset[str]:
-        """What an upstream that filters by caller can tell this caller by: its groups (within its
-        tenant, which partitions the cache); an anonymous caller also by its credential (the subject)."""
-        return self.groups if self.authenticated else self.groups | {self.subject}
+AMBIGUOUS = "identity:ambiguous"
+_Found = tuple[Principal | None, str, tuple[str, ...]]  # a principal, or why there is none; notes
 
 
 @dataclass(frozen=True, slots=True)
-class Resolution:
+class Caller:
+    """Who is calling. `principal`: the verified identity (or, in `identity.mode: none`, the
+    anonymous principal keyed by the credential) for ACL decisions; None when there is none, and
+    `reason` says why (identity:missing, identity:expired, identity:ambiguous - then `notes` names
+    the identity headers sent more than once - ...). `id`: the
+    principal budgets across tasks count by (core/principals.py): the verified identity, else
+    the credential's hash, else the client address."""
+
     principal: Principal | None
-    reason: str = ""  # why there is none: identity:missing, identity:expired, ...
+    id: str
+    reason: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
-class PrincipalResolver:
-    def __init__(self, config: IdentityConfig, env: Mapping[str, str] | None = None) -> None:
-        env = os.environ if env is None else env
+class CallerResolver:
+    def __init__(self, config: IdentityConfig, env: Mapping[str, str]) -> None:
+        """`env`: where the JWT secret named by config is read (secrets.jwt_secret)."""
         self.config = config
         self.mode = config.mode
         self._secret: str | None = None
@@ -109,70 +104,77 @@ class PrincipalResolver:
             return frozenset({h.subject.lower(), h.groups.lower(), h.tenant.lower()})
         return frozenset()
 
-    def resolve(self, headers: Mapping[str, str], repeated: Collection[str] = ()) -> Resolution:
-        """The caller's principal. `repeated`: header names (lower case) the request sent more than
-        once; one of the identity headers among them is `identity:ambiguous`, never a union."""
+    def resolve(self, headers: Mapping[str, str], repeated: Collection[str] = (), client: str = "") -> Caller:
+        """The caller of a request with these headers (names in lower case) from address `client`.
+        `repeated`: header names the request sent more than once; one of the identity headers
+        among them is `identity:ambiguous`, never a union."""
         if repeated and not self.identity_headers.isdisjoint(repeated):
-            return Resolution(None, "identity:ambiguous")
-        if self.mode == "jwt":
-            return self._from_jwt(headers)
-        if self.mode == "header":
-            return self._from_headers(headers)
-        return Resolution(Principal("anonymous:" + xxhash.xxh3_64_hexdigest(credential(headers).encode())))
+            principal, reason, notes = None, AMBIGUOUS, tuple(sorted(self.identity_headers.intersection(repeated)))
+        elif self.mode == "jwt":
+            principal, reason, notes = self._from_jwt(headers)
+        elif self.mode == "header":
+            principal, reason, notes = self._from_headers(headers)
+        else:
+            cred = pc.credential(headers)
+            anonymous = Principal("anonymous:" + xxhash.xxh3_64_hexdigest(cred.encode()))
+            return Caller(anonymous, pc.principal_id(None, "", cred, client))
+        if principal is not None and principal.authenticated:
+            return Caller(principal, pc.subject_id(principal.subject, principal.tenant), reason, notes)
+        return Caller(principal, pc.principal_id(None, "", pc.credential(headers), client), reason, notes)
 
-    def _from_headers(self, headers: Mapping[str, str]) -> Resolution:
+    def _from_headers(self, headers: Mapping[str, str]) -> _Found:
         h = self.config.header
         subject = headers.get(h.subject.lower(), "").strip()
         groups = _split_groups(headers.get(h.groups.lower(), ""))
         tenant = headers.get(h.tenant.lower(), "").strip()[:128]
         if len(subject) > 256:
-            return Resolution(None, "identity:invalid")
+            return _none("identity:invalid")
         if not subject:
             if not groups:
-                return Resolution(None, "identity:missing")
+                return _none("identity:missing")
             # Groups only: the upstream can tell such callers apart by nothing else, so neither can
             # the cache. The derived subject only owns entries with unknown ACLs (never an ACL match).
             raw = "\x00".join((tenant, *sorted(groups)))
             subject = "groups:" + xxhash.xxh3_64_hexdigest(raw.encode())
-            return Resolution(Principal(subject, groups, tenant, authenticated=True), notes=("identity:groups_only",))
-        return Resolution(Principal(subject, groups, tenant, authenticated=True))
+            return Principal(subject, groups, tenant, authenticated=True), "", ("identity:groups_only",)
+        return Principal(subject, groups, tenant, authenticated=True), "", ()
 
-    def _from_jwt(self, headers: Mapping[str, str]) -> Resolution:
+    def _from_jwt(self, headers: Mapping[str, str]) -> _Found:
         auth = headers.get("authorization", "")
         scheme, _, token = auth.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            return Resolution(None, "identity:missing")
+            return _none("identity:missing")
         if len(token) > MAX_TOKEN_BYTES:
-            return Resolution(None, "identity:invalid")
+            return _none("identity:invalid")
         cfg = self.config.jwt
         jwt = self._jwt
         try:
             header = jwt.get_unverified_header(token)
             alg = header.get("alg")
             if not isinstance(alg, str) or alg not in cfg.algorithms:
-                return Resolution(None, "identity:algorithm")
+                return _none("identity:algorithm")
             key: Any = self._secret if alg in SYMMETRIC else self._public_key(header.get("kid"))
             if key is None:
-                return Resolution(None, "identity:unknown_key")
+                return _none("identity:unknown_key")
             claims = jwt.decode(
                 token, key, algorithms=[alg], audience=cfg.audience, issuer=cfg.issuer, leeway=cfg.leeway_s,
                 options={"require": ["exp", "sub"], "verify_aud": cfg.audience is not None},
             )
         except jwt.ExpiredSignatureError:
-            return Resolution(None, "identity:expired")
+            return _none("identity:expired")
         except (jwt.InvalidAudienceError, jwt.MissingRequiredClaimError) as exc:
             why = "audience" if isinstance(exc, jwt.InvalidAudienceError) else "claims"
-            return Resolution(None, f"identity:{why}")
+            return _none(f"identity:{why}")
         except jwt.InvalidIssuerError:
-            return Resolution(None, "identity:issuer")
+            return _none("identity:issuer")
         except jwt.InvalidSignatureError:
-            return Resolution(None, "identity:signature")
+            return _none("identity:signature")
         except (jwt.PyJWTError, ValueError, TypeError):
-            return Resolution(None, "identity:invalid")
+            return _none("identity:invalid")
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject:
-            return Resolution(None, "identity:claims")
+            return _none("identity:claims")
         raw_groups = claims.get(cfg.groups_claim, [])
         if isinstance(raw_groups, str):
             groups = _split_groups(raw_groups.replace(" ", ","))
@@ -181,7 +183,7 @@ class PrincipalResolver:
         else:
             groups = frozenset()
         tenant = claims.get(cfg.tenant_claim, "")
-        return Resolution(Principal(subject, groups, str(tenant)[:128] if tenant else "", authenticated=True))
+        return Principal(subject, groups, str(tenant)[:128] if tenant else "", authenticated=True), "", ()
 
     def _public_key(self, kid: Any) -> Any:
         jwk = self._jwks.get(kid) if isinstance(kid, str) else None
@@ -190,14 +192,9 @@ class PrincipalResolver:
         return jwk.key if jwk is not None else None
 
 
-CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
-
-
-def credential(headers: Mapping[str, str]) -> str:
-    """The credential a caller sent: the headers the upstream authenticates by, joined (only NULs
-    when it sent none). Only ever hashed, never stored."""
-    return "\x00".join(headers.get(h, "") for h in CREDENTIAL_HEADERS)
-
-
 def _split_groups(value: str) -> frozenset[str]:
     return frozenset(g.strip() for g in value.split(",")[:MAX_GROUPS] if g.strip())
+
+
+def _none(reason: str) -> _Found:
+    return None, reason, ()

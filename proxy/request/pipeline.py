@@ -1,7 +1,9 @@
 """The lifecycle of one proxied call, in three phases: admit, respond, finish.
 
-  * admit: task identity (it parents the spans), the request body, the adapter's parse, the call
-    span, then every stage's `on_request` in order (cache, budget, evidence, span...);
+  * admit: task identity (it parents the spans), who is calling (`ex.caller`, resolved once), the
+    request body, the adapter's parse, the call span, then every stage's `on_request` in order
+    (cache, principal, budget, evidence, span, outcome; their order is checked against the stages'
+    contracts when the pipeline is made);
   * respond: the local answer (a reply a stage returned, or a proposal no later stage vetoed) or
     the upstream's, streamed through `Forwarder`;
   * finish: every stage's `on_end` in reverse, the call span's end, the per-call metrics hook.
@@ -27,7 +29,8 @@ from ..config import Settings
 from ..errors import BodyTooLarge, RagtollError, Rejected, RequestTimeout, UpstreamTimeout, render
 from ..model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, TaskRef
 from .body import ClientDisconnected, RequestBody
-from .exchange import Exchange, Reply, Stage
+from .caller import CallerResolver
+from .exchange import Exchange, Reply, Stage, check_contracts
 from .forward import Forwarder
 from .identify import Identifier, derived_span_id, parse_traceparent
 from .routing import Route, Router
@@ -41,9 +44,12 @@ TASK_HEADER_OUT = b"x-ragtoll-task-id"
 
 class Pipeline:
     def __init__(self, settings: Settings, router: Router, client: UpstreamClient, stages: list[Stage],
-                 identifier: Identifier, tracer: trace.Tracer,
+                 identifier: Identifier, callers: CallerResolver, tracer: trace.Tracer,
                  on_end: Callable[[Exchange], None] | None = None) -> None:
+        """Raises ContractError when the stages' order cannot serve what each reads (exchange.py)."""
+        check_contracts(stages)
         self.router = router
+        self.callers = callers
         self.stages = stages
         self.identifier = identifier
         self.tracer = tracer
@@ -55,24 +61,17 @@ class Pipeline:
 
     async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
         raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
-        headers: dict[str, str] = {}
-        duplicated: set[str] = set()
-        for k, v in raw_headers:
-            key = k.decode("latin-1").lower()
-            if key in headers:
-                duplicated.add(key)
-                headers[key] = f"{headers[key]}, {v.decode('latin-1')}"
-            else:
-                headers[key] = v.decode("latin-1")
+        headers, duplicated = read_headers(raw_headers)
         client = scope.get("client")
+        address = client[0] if client else ""
         try:
             target = self.router.target(route, scope.get("raw_path") or scope["path"].encode(), scope["query_string"])
-            task = self.identifier.identify(headers, client[0] if client else "", frozenset(duplicated))
+            task = self.identifier.identify(headers, address, duplicated)
         except Rejected as exc:
             await _send_error(send, exc, route.adapter.error_style, [])
             return
-        ex = Exchange(route, scope["method"], target, headers, raw_headers, client[0] if client else "",
-                      time.perf_counter(), task=task, timeouts=route.upstream.timeouts)
+        ex = Exchange(route, scope["method"], target, headers, raw_headers, address, time.perf_counter(), task=task,
+                      caller=self.callers.resolve(headers, duplicated, address), timeouts=route.upstream.timeouts)
         request_body = ex.request_body = RequestBody(receive, headers, self._max_body,
                                                      asyncio.get_running_loop().time() + self._body_timeout)
         ex.response_headers.append((TASK_HEADER_OUT, task.id.encode()))
@@ -219,6 +218,21 @@ class Pipeline:
                 self._on_end(ex)
             except Exception as exc:  # noqa: BLE001 - failsafe, as above
                 span.record_exception(exc)
+
+
+def read_headers(raw: list[tuple[bytes, bytes]]) -> tuple[dict[str, str], frozenset[str]]:
+    """The request's headers by lower-case name (repeats joined with ", ", as RFC 9110 allows for
+    lists) and the names that came more than once (identity rules refuse to guess among them)."""
+    headers: dict[str, str] = {}
+    duplicated: set[str] = set()
+    for k, v in raw:
+        key = k.decode("latin-1").lower()
+        if key in headers:
+            duplicated.add(key)
+            headers[key] = f"{headers[key]}, {v.decode('latin-1')}"
+        else:
+            headers[key] = v.decode("latin-1")
+    return headers, frozenset(duplicated)
 
 
 def _parent_context(task: TaskRef, headers: dict[str, str]) -> SpanContext:

@@ -162,6 +162,17 @@ class UpstreamClient:
             response = await self._client.send(request, stream=True)
         return UpstreamResponse(response, upstream.name)
 
+    async def fetch(self, upstream: UpstreamConfig, method: str, target: str, headers: list[tuple[bytes, bytes]],
+                    body: bytes, *, timeouts: Timeouts) -> tuple[int, bytes, Mapping[str, str]]:
+        """One whole exchange for ragtoll's own calls to an upstream (a version probe, an audit, an
+        embedding, an authz check): status, body and headers, the response closed."""
+        response = await self.send(upstream, method, target, headers, body, timeouts=timeouts)
+        try:
+            parts = [chunk async for chunk in response.chunks()]
+            return response.status, b"".join(parts), response.headers
+        finally:
+            await response.aclose()
+
     def _url(self, base: str, target: str) -> httpx.URL:
         url = self._urls.get((base, target))
         if url is None:

@@ -6,15 +6,17 @@ or veto it, and the pipeline answers with it if it stands. A duplicate of a retr
 has in flight waits for it (bounded by the call's read timeout) and is proposed its answer. On a
 miss, the evidence is filed (status 200, body complete, chunks parsed) with ACLs, the fetcher's
 view and the source version: landed for waiters as soon as the answer is read whole, stored in
-`on_end`. Cache trouble never fails a call: it is recorded and the call goes upstream. The store
-and the upstream client are the app's (made once in its lifespan).
+`on_end`. Cache trouble never fails a call: it is recorded and the call goes upstream. Who is
+asking is `ex.caller` (resolved once by the pipeline); the evidence cache, its store, its embedder
+and the upstream client are the app's, made once in its lifespan (`evidence_cache`). The wall
+clock is injected (entry ages, staleness).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,17 +29,18 @@ from ..adapters.fields import get_path
 from ..cache import acl
 from ..cache.audit import Auditor, compare
 from ..cache.embedders import Embedder, make_embedder
-from ..cache.entry import Entry, EvidenceStore
 from ..cache.evidence import EvidenceCache, Filing, Lookup, Query, age_of
 from ..cache.partition import Partition, selector
-from ..cache.principal import Principal, PrincipalResolver
 from ..cache.replies import metadata_words, trim_results
-from ..cache.versions import Probe, SourceState, Versions
-from ..config import ProbeConfig, Settings, Timeouts, UpstreamConfig
+from ..cache.versions import Probe, SourceState, Versions, probed_version
+from ..config import Settings, Timeouts, UpstreamConfig
 from ..errors import BadRequest
-from ..request.exchange import CacheOutcome, Exchange, Reply, Stage
+from ..model import Principal
+from ..request.caller import AMBIGUOUS
+from ..request.exchange import CacheOutcome, Exchange, Reply, Stage, contract
 from ..request.forward import upstream_headers
 from ..request.upstream import UpstreamClient
+from ..stores.evidence import Entry, EvidenceStore
 
 CACHE_HEADER = b"x-ragtoll-cache"
 _SHORT = Timeouts(connect=1.0, read=5.0, write=5.0, pool=1.0)
@@ -54,33 +57,29 @@ class CacheHit:
 
 
 class CacheStage(Stage):
-    def __init__(self, settings: Settings, *, store: EvidenceStore, client: UpstreamClient,
-                 resolver: PrincipalResolver, embedder: Embedder | None = None, tracer_provider: Any = None,
-                 meter_provider: Any = None) -> None:
-        """`store`, `client`, `resolver` (who the caller is): the app's, made once."""
+    contract = contract(
+        reads="caller method body call headers route target timeouts span raw_headers",
+        writes="proposal filing cache",
+        response_reads="filing observation status route target call", response_writes="filing",
+        end_reads="filing status outcome complete observation route target call span", end_writes="filing")
+
+    def __init__(self, settings: Settings, cache: EvidenceCache, client: UpstreamClient, *,
+                 tracer_provider: Any = None, meter_provider: Any = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        """`cache` (`evidence_cache`) and `client`: the app's, made once; `clock`: the wall clock."""
         cfg = settings.cache
         self.settings = settings
         self.cfg = cfg
         self._client = client
-        self._upstreams = {u.name: u for u in settings.upstreams}
-        self.resolver = resolver
-        self.store = store
-        self._identity_headers = resolver.identity_headers
+        self.cache = cache
+        self.store = cache.store
+        self.auditor = cache.auditor
+        self._clock = clock
         # the upstreams that filter results by caller: their entries remember the fetcher's view
         identity_reaches = settings.identity.mode in ("header", "jwt")
         self._scoped = {u.name for u in settings.upstreams
                         if (u.cache.filters_by_caller if u.cache.filters_by_caller is not None else identity_reaches)}
-        if embedder is None:
-            embedder = make_embedder(cfg.embedder, self._post_embeddings, cfg.embedder_model)
-        authz = acl.ExternalAuthz(cfg.authz_url, self._post_url, cfg.authz_ttl_s, cfg.authz_timeout_s) \
-            if cfg.authz_url else None
-        self.auditor = Auditor(cfg.audit_fraction, cfg.similarity, cfg.audit_target, cfg.audit_step)
-        staleness = {u.name: u.cache.max_staleness_s for u in settings.upstreams if u.cache.max_staleness_s}
-        self.cache = EvidenceCache(store, embedder=embedder, versions=Versions(store, cfg.sources),
-                                   similarity=cfg.similarity, candidates=cfg.candidates, ttl_s=cfg.ttl_s,
-                                   public=cfg.acl_public, authz=authz, auditor=self.auditor,
-                                   min_top_margin=cfg.min_top_margin, max_staleness_s=cfg.max_staleness_s,
-                                   staleness=staleness)
+        self._upstreams = {u.name: u for u in settings.upstreams}
         tp = tracer_provider or trace.get_tracer_provider()
         self._tracer = tp.get_tracer("ragtoll.proxy.cache")
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("ragtoll.proxy.cache")
@@ -108,18 +107,20 @@ class CacheStage(Stage):
     # --- phases -----------------------------------------------------------------------------------
 
     async def on_request(self, ex: Exchange) -> Reply | None:
-        if self._identity_headers:
-            _refuse_repeated(ex.raw_headers, self._identity_headers)
+        caller = ex.caller
+        if caller is not None and caller.reason == AMBIGUOUS:
+            # which one did the upstream read? 400, never a union
+            raise BadRequest(f"identity header {', '.join(map(repr, caller.notes))} was sent more than once; send it once",
+                             code="ambiguous_identity")
         if ex.method != "POST" or ex.body is None:
             return None
         op = ex.call.operation
         if op not in ("retrieval", "embeddings", "rerank") or (op != "retrieval" and not self.cfg.exact_embeddings):
             return None
         control = ex.headers.get("cache-control", "").lower()
-        resolution = self.resolver.resolve(ex.headers)
-        principal = resolution.principal
+        principal = caller.principal if caller is not None else None
         if principal is None or ex.call.parse_error:
-            self._bypass(ex, resolution.reason or "parse_error")
+            self._bypass(ex, (caller.reason if caller is not None else "") or "parse_error")
             return None
         store = "no-store" not in control
         try:
@@ -174,7 +175,7 @@ class CacheStage(Stage):
                 return
             body = b"".join(pending.parts)
             if pending.key is not None:
-                entry = Entry("", None, (), (), body, owner=None, created=time.time())
+                entry = Entry("", None, (), (), body, owner=None, created=self._clock())
                 await self.store.put(pending.key[0], pending.key[1], entry, None, self.cfg.ttl_s)
             elif pending.lookup is not None:
                 made = self._entry(ex, pending.lookup, body) if pending.entry is None else \
@@ -253,14 +254,15 @@ class CacheStage(Stage):
         body = entry.body
         if top_k is not None and entry.top_k is not None and top_k < entry.top_k:
             body = trim_results(body, upstream.fields.get("results", "results"), top_k)
-        headers = [(CACHE_HEADER, f"hit; tier={tier}".encode()), (b"age", str(int(age_of(entry, time.time()))).encode())]
+        headers = [(CACHE_HEADER, f"hit; tier={tier}".encode()), (b"age", str(int(age_of(entry, self._clock()))).encode())]
         name = upstream.fields.get("version_header")
         if name and entry.version:  # what the upstream said with this evidence, as it said it
             headers.append((name.lower().encode(), entry.version.encode()))
         return Reply(200, body, headers, entry.content_type.encode())
 
     def _prober(self, ex: Exchange) -> Probe | None:
-        """The source's version probe, asked on this caller's behalf (its credentials, never its body)."""
+        """The source's version probe, asked on this caller's behalf (its credentials, never its
+        body), through the app's upstream client."""
         probe = ex.route.upstream.cache.probe
         if probe is None:
             return None
@@ -268,26 +270,17 @@ class CacheStage(Stage):
 
         async def run() -> str | None:
             headers = [(k, v) for k, v in upstream_headers(raw) if k.lower() not in _NOT_PROBED]
-            return await self._probe(upstream, probe, headers)
+            body = probe.body.encode() if probe.body else b""
+            if body:
+                headers.append((b"content-type", b"application/json"))
+            t = probe.timeout_s
+            async with asyncio.timeout(t * 2):
+                status, answer, answer_headers = await self._client.fetch(
+                    upstream, probe.method, probe.path, headers, body, timeouts=Timeouts(t, t, t, t))
+            return probed_version(probe.field, probe.header or upstream.fields.get("version_header") or "", status,
+                                  answer, answer_headers)
 
         return run
-
-    async def _probe(self, upstream: UpstreamConfig, probe: ProbeConfig,
-                     headers: list[tuple[bytes, bytes]]) -> str | None:
-        body = probe.body.encode() if probe.body else b""
-        if body:
-            headers.append((b"content-type", b"application/json"))
-        t = probe.timeout_s
-        async with asyncio.timeout(t * 2):
-            status, raw, answer = await self._send(upstream, probe.method, probe.path, headers, body,
-                                                   Timeouts(connect=t, read=t, write=t, pool=t))
-        if status >= 400:
-            return None
-        if probe.field:
-            found = get_path(orjson.loads(raw), probe.field) if raw else None
-            return str(found) if isinstance(found, (str, int)) and not isinstance(found, bool) else None
-        name = probe.header or upstream.fields.get("version_header") or ""
-        return answer.get(name.lower()) or None
 
     # --- embeddings and rerank: exact, keyed by the request body and the caller ------------------
 
@@ -341,7 +334,7 @@ class CacheStage(Stage):
         if lk.entry is not None:
             attrs[sc.CACHE_VIEW] = lk.view or acl.view_rule(lk.entry.scope, lk.entry.owner)
             attrs[sc.CACHE_FRESHNESS] = lk.freshness or ""
-            attrs[sc.CACHE_AGE_S] = round(age_of(lk.entry, time.time()), 3)
+            attrs[sc.CACHE_AGE_S] = round(age_of(lk.entry, self._clock()), 3)
         if waited is not None:
             attrs[sc.CACHE_WAITED_MS] = round(waited * 1000, 3)
         ex.span.set_attributes(attrs)
@@ -363,8 +356,8 @@ class CacheStage(Stage):
         with self._tracer.start_as_current_span("cache.audit " + ex.route.upstream.name, context=parent) as span:
             try:
                 headers = [(k, v) for k, v in upstream_headers(ex.raw_headers) if k.lower() != b"content-length"]
-                status, body, resp_headers = await self._send(ex.route.upstream, ex.method, ex.target, headers,
-                                                              ex.body or b"")
+                status, body, resp_headers = await self._client.fetch(ex.route.upstream, ex.method, ex.target,
+                                                                      headers, ex.body or b"", timeouts=_SHORT)
                 observer = ex.route.adapter.observer(ex.call, status, resp_headers)
                 observer.feed(body, True)
                 chunks = observer.observation.chunks
@@ -383,42 +376,40 @@ class CacheStage(Stage):
             except Exception as exc:  # noqa: BLE001 - an audit failure only costs the sample
                 span.record_exception(exc)
 
-    # --- upstream I/O (through ragtoll's own client) ---------------------------------------------
 
-    async def _send(self, upstream: UpstreamConfig, method: str, target: str, headers: list[tuple[bytes, bytes]],
-                    body: bytes, timeouts: Timeouts = _SHORT) -> tuple[int, bytes, Mapping[str, str]]:
-        response = await self._client.send(upstream, method, target, headers, body, timeouts=timeouts)
-        try:
-            parts = [c async for c in response.chunks()]
-            return response.status, b"".join(parts), response.headers
-        finally:
-            await response.aclose()
+def evidence_cache(settings: Settings, store: EvidenceStore, client: UpstreamClient, *,
+                   embedder: Embedder | None = None, clock: Callable[[], float] = time.time) -> EvidenceCache:
+    """The evidence cache the stage serves from, made once in the app's lifespan: its store, the
+    configured embedder (`cache.embedder`) and external authz, which reach their upstreams through
+    the app's one client, the self-audit and the source versions."""
+    cfg = settings.cache
+    upstreams = {u.name: u for u in settings.upstreams}
 
-    async def _post_embeddings(self, body: bytes) -> tuple[int, bytes]:
-        name = self.cfg.embedder[len("upstream:"):]
-        upstream = self._upstreams[name]
+    async def post_embeddings(body: bytes) -> tuple[int, bytes]:
+        upstream = upstreams[cfg.embedder[len("upstream:"):]]
         target = "/embeddings" if upstream.url.rstrip("/").endswith("/v1") else "/v1/embeddings"
-        status, raw, _ = await self._send(upstream, "POST", target, [(b"content-type", b"application/json")], body)
+        status, raw, _ = await client.fetch(upstream, "POST", target, [(b"content-type", b"application/json")], body,
+                                            timeouts=_SHORT)
         return status, raw
 
-    async def _post_url(self, url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
+    async def post_url(url: str, body: bytes, timeout_s: float) -> tuple[int, bytes]:
         authz = UpstreamConfig(name="authz", kind="other", url=url)
         t = Timeouts(connect=timeout_s, read=timeout_s, write=timeout_s, pool=timeout_s)
         async with asyncio.timeout(timeout_s * 2):
-            status, raw, _ = await self._send(authz, "POST", "", [(b"content-type", b"application/json")], body, t)
+            status, raw, _ = await client.fetch(authz, "POST", "", [(b"content-type", b"application/json")], body,
+                                                timeouts=t)
         return status, raw
 
-
-def _refuse_repeated(raw: list[tuple[bytes, bytes]], names: frozenset[str]) -> None:
-    """An identity header sent twice is ambiguous (which one did the upstream read?): 400, never a union."""
-    seen: set[str] = set()
-    for k, _ in raw:
-        name = k.decode("latin-1").lower()
-        if name in names:
-            if name in seen:
-                raise BadRequest(f"identity header {name!r} was sent more than once; send it once",
-                                 code="ambiguous_identity")
-            seen.add(name)
+    if embedder is None:
+        embedder = make_embedder(cfg.embedder, post_embeddings, cfg.embedder_model)
+    authz = acl.ExternalAuthz(cfg.authz_url, post_url, cfg.authz_ttl_s, cfg.authz_timeout_s) if cfg.authz_url else None
+    staleness = {u.name: u.cache.max_staleness_s for u in settings.upstreams if u.cache.max_staleness_s}
+    return EvidenceCache(store, embedder=embedder, versions=Versions(store, cfg.sources, now=clock),
+                         similarity=cfg.similarity, candidates=cfg.candidates, ttl_s=cfg.ttl_s, public=cfg.acl_public,
+                         authz=authz, auditor=Auditor(cfg.audit_fraction, cfg.similarity, cfg.audit_target,
+                                                      cfg.audit_step),
+                         min_top_margin=cfg.min_top_margin, max_staleness_s=cfg.max_staleness_s, staleness=staleness,
+                         clock=clock)
 
 
 def _version(ex: Exchange, field: str | None, doc: Any) -> str | None:

@@ -17,7 +17,7 @@ from ragtoll.instrumentation import semconv as sc
 
 from ..core import tokens
 from ..core.evidence_track import evidence_header, evidence_pieces, measure_prompt
-from ..request.exchange import Exchange, Stage
+from ..request.exchange import Exchange, Stage, contract
 
 EVIDENCE_HEADER = b"x-ragtoll-evidence"
 MAX_TASKS = 10_000
@@ -32,15 +32,18 @@ class _Seen:
 
 
 class EvidenceStage(Stage):
+    contract = contract(response_reads="observation new_chunks response_headers",
+                        end_reads="task status call observation span")
+
     def __init__(self) -> None:
         self._tasks: OrderedDict[str, _Seen] = OrderedDict()
 
     async def on_response(self, ex: Exchange) -> None:
         """`x-ragtoll-evidence` for a retrieval answer read whole; what is new to the task the
-        budget stage worked out before (`ticket.new_chunks`, from the task's ledger)."""
+        budget stage worked out before (`ex.new_chunks`, from the task's ledger)."""
         chunks = ex.observation.chunks
-        if chunks is not None and ex.ticket is not None and ex.ticket.new_chunks is not None:
-            ex.response_headers.append((EVIDENCE_HEADER, evidence_header(chunks, ex.ticket.new_chunks).encode()))
+        if chunks is not None and ex.new_chunks is not None:
+            ex.response_headers.append((EVIDENCE_HEADER, evidence_header(chunks, ex.new_chunks).encode()))
 
     async def on_end(self, ex: Exchange) -> None:
         if ex.task is None or ex.status != 200:

@@ -11,10 +11,12 @@ from collections.abc import Awaitable, Callable
 from ragtoll.instrumentation import semconv as sc
 
 from ..core.signing import verify_outcome
-from ..request.exchange import Exchange, Stage
+from ..request.exchange import Exchange, Stage, contract
 
 
 class OutcomeStage(Stage):
+    contract = contract(end_reads="task span")
+
     def __init__(self, record: Callable[[str, bool], Awaitable[object]], timeout_s: float, *,
                  hmac_key: bytes | None = None) -> None:
         """`record(task_id, correct)`: where verdicts go (tasks.records.TaskEnder.record_outcome);

@@ -4,9 +4,10 @@ Guarantees: one store round trip before forwarding (`admit`: is the task new to 
 and do the principal's new-tasks-per-minute, concurrent-tasks and rolling-cost limits admit it);
 a refused call never reaches the upstream and raises `BudgetExceeded` with `scope: principal`
 (the pipeline renders it as every budget rejection, `x-should-retry: false`); an admitted call's
-settled cost is charged to the principal in `on_end` (after the budget stage settled it); a task
-stops counting as live when it ends (`on_task_end`: records end, idle sweep, admin end). A failing
-store forwards and marks the call degraded (`on_store_error: open`) or answers 503 (`closed`).
+settled spend (`ex.settlement`, which the budget stage after it writes in its `on_end`, so before
+this one's) is charged to the principal in `on_end`; a task stops counting as live when it ends
+(`on_task_end`: records end, idle sweep, admin end). A failing store forwards and marks the call
+degraded (`on_store_error: open`) or answers 503 (`closed`). The principal is `ex.caller.id`.
 """
 
 from __future__ import annotations
@@ -18,39 +19,31 @@ from typing import Any
 
 from ragtoll.instrumentation import semconv as sc
 
-from ..cache.principal import PrincipalResolver, credential
 from ..config import Settings
 from ..core import principals as pc
-from ..core.budget import NANO, sf_dictionary
+from ..core.budget import sf_dictionary
 from ..errors import BudgetExceeded, StoreUnavailable
-from ..request.exchange import Exchange, Reply, Stage
+from ..request.exchange import Exchange, Reply, Stage, contract
 from ..stores.breaker import STORE_RETRY_MS
 from ..stores.principals import PrincipalDecision, PrincipalStore
 from .budget import REMAINING_HEADER, store_failed
 
 
 class PrincipalStage(Stage):
-    def __init__(self, settings: Settings, store: PrincipalStore, resolver: PrincipalResolver, *,
-                 wall_ms: Callable[[], int] | None = None) -> None:
+    contract = contract(reads="task caller route span", writes="charged_principal degraded response_headers",
+                        end_reads="charged_principal settlement span")
+
+    def __init__(self, settings: Settings, store: PrincipalStore, *, wall_ms: Callable[[], int] | None = None) -> None:
         self.settings = settings
         self.cfg = settings.principals
         self.store = store
-        self.resolver = resolver
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
         self._timeout_s = settings.store_timeout_ms / 1000
         self._shadow = settings.budgets.mode == "shadow"
         self._units: dict[str, dict[str, int]] = {}  # principal with an override -> its limits
         self._default = pc.to_units(self.cfg.default.limits())
-        self._admitted: dict[int, str] = {}  # id(exchange) -> principal, from on_request to on_end
         self._down_until = 0  # wall ms: after a store failure, skip it for a moment (as stores.breaker)
         self._releases: set[asyncio.Task[None]] = set()
-
-    def principal_of(self, ex: Exchange) -> str:
-        """The verified identity, else the credential's hash, else the client address."""
-        principal = self.resolver.resolve(ex.headers).principal if self.resolver.mode != "none" else None
-        if principal is not None and principal.authenticated:
-            return pc.subject_id(principal.subject, principal.tenant)
-        return pc.principal_id(None, "", credential(ex.headers), ex.client)
 
     def limits(self, principal: str) -> dict[str, int]:
         if principal not in self.cfg.overrides:
@@ -61,9 +54,9 @@ class PrincipalStage(Stage):
         return units
 
     async def on_request(self, ex: Exchange) -> Reply | None:
-        if ex.task is None:
+        if ex.task is None or ex.caller is None:
             return None
-        principal = self.principal_of(ex)
+        principal = ex.caller.id
         limits = self.limits(principal)
         if not limits:  # only overrides set limits, none for this principal: nothing to count
             return None
@@ -80,18 +73,15 @@ class PrincipalStage(Stage):
         if not decision.admitted:  # the task's budget is not consulted: the header names what is spent
             ex.response_headers.append((REMAINING_HEADER, sf_dictionary({decision.dimension or "unknown": 0})))
             raise self._exceeded(ex, principal, limits, decision)
-        self._admitted[id(ex)] = principal
+        ex.charged_principal = principal
         return None
 
     async def on_end(self, ex: Exchange) -> None:
-        """Charge the principal what the call settled at (the budget stage's `on_end` ran first)."""
-        principal = self._admitted.pop(id(ex), None)
-        ticket = ex.ticket
-        if principal is None or ticket is None or not ticket.admitted:
+        """Charge the principal what the task's ledger was charged for the call (`ex.settlement`)."""
+        principal, settled = ex.charged_principal, ex.settlement
+        if principal is None or settled is None or settled.cost_nusd <= 0:
             return
-        cost = round(ticket.cost_usd * NANO) if ticket.cost_usd is not None else ticket.charge.cost
-        if cost <= 0:
-            return
+        cost = settled.cost_nusd
         try:
             async with asyncio.timeout(self._timeout_s):
                 await self.store.charge(principal, cost, self._wall_ms())

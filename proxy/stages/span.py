@@ -12,10 +12,12 @@ from ragtoll.instrumentation import semconv as sc
 
 from ..config import Settings
 from ..model import Call, Observation
-from ..request.exchange import Exchange, Stage
+from ..request.exchange import Exchange, Stage, contract
 
 
 class SpanStage(Stage):
+    contract = contract(end_reads="span call observation route")
+
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self._limit = settings.telemetry.content_max_chars

@@ -14,17 +14,11 @@ from collections.abc import Callable
 
 from ragtoll.instrumentation import semconv as sc
 
-from ..core.budget import Ticket
-from ..core.hold import Grant
+from ..core.budget import Admission
+from ..core.hold import Grant, StreamState
 from ..request.exchange import Exchange
 from ..stores.breaker import Breaker
-
-
-def flush_annotation(ticket: Ticket) -> None:
-    """Write the reservation's span record now, once (before a cut's or a settle's)."""
-    if ticket.annotate is not None:
-        annotate, ticket.annotate = ticket.annotate, None
-        annotate()
+from .budget_span import flush_record, record_degraded
 
 
 class StreamGuard:
@@ -39,87 +33,85 @@ class StreamGuard:
 
     def on_chunk(self, ex: Exchange, chunk: bytes) -> bytes | None:
         """The stage's `on_chunk` for an admitted stream (see the module docstring)."""
-        ticket = ex.ticket
-        if ticket is None or not ticket.admitted or not ex.call.stream or ticket.cut:
+        adm, state = ex.admission, ex.stream_state
+        if adm is None or state is None or state.cut:
             return None
         seen = ex.observation.output_tokens_seen
-        hold = ticket.hold
+        hold = state.hold
         dim = None
         if hold is not None:
-            if hold.wants_more(seen) and ticket.extending is None:
-                self._extend(ex, ticket, seen)
+            if hold.wants_more(seen) and state.extending is None:
+                self._extend(ex, adm, state, seen)
             dim = hold.over(seen)
-            if dim is not None and ticket.extending is not None and not ticket.shadow:
-                ex.gate = functools.partial(self._wait, ex, ticket, chunk)
+            if dim is not None and state.extending is not None and not adm.shadow:
+                ex.gate = functools.partial(self._wait, ex, adm, state, chunk)
                 return None
-        if dim is None and ticket.deadline_ms is not None and self._wall_ms() >= ticket.deadline_ms:
+        if dim is None and adm.deadline_ms is not None and self._wall_ms() >= adm.deadline_ms:
             dim = "max_latency_ms"
-        if dim is None or (ticket.shadow and hold is not None and ticket.extending is not None):
-            ticket.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and ticket.tail_clean)
+        if dim is None or (adm.shadow and hold is not None and state.extending is not None):
+            state.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and state.tail_clean)
             return None
-        return self._cut(ex, ticket, dim, chunk, seen)
+        return self._cut(ex, adm, state, dim, chunk, seen)
 
-    async def _wait(self, ex: Exchange, ticket: Ticket, chunk: bytes) -> bytes | None:
+    async def _wait(self, ex: Exchange, adm: Admission, state: StreamState, chunk: bytes) -> bytes | None:
         """The gate of a held-back chunk: wait for the extensions it needs; None sends it, bytes end
         the stream instead (the task had nothing left)."""
         seen = ex.observation.output_tokens_seen
         while True:
-            if ticket.extending is not None:
-                await asyncio.wait({ticket.extending})
-            hold = ticket.hold
+            if state.extending is not None:
+                await asyncio.wait({state.extending})
+            hold = state.hold
             dim = hold.over(seen) if hold is not None else None
             if dim is None:
-                ticket.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and ticket.tail_clean)
+                state.tail_clean = chunk.endswith((b"\n\n", b"\r\n\r\n")) or (not chunk and state.tail_clean)
                 return None
             if hold is not None and hold.refused:
-                return self._cut(ex, ticket, dim, chunk, seen)
-            self._extend(ex, ticket, seen)
+                return self._cut(ex, adm, state, dim, chunk, seen)
+            self._extend(ex, adm, state, seen)
 
-    def _extend(self, ex: Exchange, ticket: Ticket, seen: int) -> None:
+    def _extend(self, ex: Exchange, adm: Admission, state: StreamState, seen: int) -> None:
         """Ask the store for the stream's next chunk of hold, in the background."""
-        assert ticket.hold is not None and ex.task is not None
-        ask = ticket.hold.ask(seen)
-        task = asyncio.get_running_loop().create_task(self._extension(ex, ticket, ask))
-        ticket.extending = task
+        assert state.hold is not None and ex.task is not None
+        ask = state.hold.ask(seen)
+        task = asyncio.get_running_loop().create_task(self._extension(ex, adm, state, ask))
+        state.extending = task
         self._extensions.add(task)
         task.add_done_callback(self._extensions.discard)
 
-    async def _extension(self, ex: Exchange, ticket: Ticket, ask: Grant) -> None:
-        assert ex.task is not None and ticket.hold is not None
+    async def _extension(self, ex: Exchange, adm: Admission, state: StreamState, ask: Grant) -> None:
+        assert ex.task is not None and state.hold is not None
         try:
-            grant = await self.store.extend(ex.task.id, ticket.reservation, ask.tokens, ask.cost_nusd, ticket.limits)
+            grant = await self.store.extend(ex.task.id, adm.reservation, ask.tokens, ask.cost_nusd, adm.limits)
         except Exception as exc:  # noqa: BLE001 - as for a reserve: open goes on unbudgeted, closed stops
-            if ex.span is not None:
-                ex.span.set_attribute(sc.DEGRADED, True)
-                ex.span.add_event(sc.EVENT_DEGRADED, {"reason": f"extend failed: {type(exc).__name__}",
-                                                      "on_store_error": self.on_store_error})
+            record_degraded(ex.span, f"extend failed: {type(exc).__name__}", on_store_error=self.on_store_error)
             if self.on_store_error == "closed":
-                ticket.hold.refused = True
+                state.hold.refused = True
             else:
-                ticket.hold = None
+                state.hold = None
             return
         finally:
-            ticket.extending = None
-        ticket.hold.add(grant)
-        ticket.extensions += grant.tokens > 0
+            state.extending = None
+        state.hold.add(grant)
+        state.extensions += grant.tokens > 0
 
-    def _cut(self, ex: Exchange, ticket: Ticket, dim: str, chunk: bytes, seen: int) -> bytes | None:
+    def _cut(self, ex: Exchange, adm: Admission, state: StreamState, dim: str, chunk: bytes,
+             seen: int) -> bytes | None:
         """End the stream at `chunk` (enforce), or record once that enforcement would have (shadow)."""
-        flush_annotation(ticket)  # the reservation's events come before the cut's
-        if ticket.shadow:  # record once what enforcement would have done; never cut
-            ticket.cut = dim
+        flush_record(ex)  # the reservation's events come before the cut's
+        if adm.shadow:  # record once what enforcement would have done; never cut
+            state.cut = dim
             if ex.span is not None:
                 ex.span.set_attribute(sc.BUDGET_WOULD_REJECT, dim)
                 ex.span.add_event(sc.EVENT_EXCEEDED, {"dimension": dim, "stream_cut": False, "would_reject": True,
                                                       "mode": "shadow", "output_tokens_seen": seen})
             return None
-        ticket.cut = dim
+        state.cut = dim
         if ex.span is not None:
             ex.span.set_attribute(sc.BUDGET_STREAM_CUT, dim)
             ex.span.add_event(sc.EVENT_EXCEEDED, {"dimension": dim, "stream_cut": True, "mode": "enforce",
                                                   "output_tokens_seen": seen})
         prefix = b""
-        if not ticket.tail_clean:  # finish the event the client is in the middle of
+        if not state.tail_clean:  # finish the event the client is in the middle of
             end, width = chunk.find(b"\n\n"), 2
             crlf = chunk.find(b"\r\n\r\n")
             if crlf >= 0 and (end < 0 or crlf < end):

@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ragtoll.proxy import config
-from ragtoll.proxy.cache.principal import PrincipalResolver
 from ragtoll.proxy.config import DIMENSIONS, IdentityConfig, Profile, TasksConfig
 from ragtoll.proxy.core import budget as bm
 from ragtoll.proxy.core.signing import sign_budget, verify_budget_baggage
 from ragtoll.proxy.errors import ConfigError, TaskRequired
+from ragtoll.proxy.request.caller import CallerResolver
 from ragtoll.proxy.request.identify import (
     BAGGAGE_TASK_KEY,
     MAX_BAGGAGE_MEMBERS,
@@ -267,6 +267,6 @@ FORGED = st.one_of(
 @FAST
 @given(token=FORGED, scheme=st.sampled_from(["Bearer ", "bearer ", "Basic ", ""]))
 def test_forged_tokens_never_give_an_identity(token: str, scheme: str) -> None:
-    resolver = PrincipalResolver(IdentityConfig(mode="jwt"), env={"RAGTOLL_JWT_SECRET": "s" * 32})
+    resolver = CallerResolver(IdentityConfig(mode="jwt"), env={"RAGTOLL_JWT_SECRET": "s" * 32})
     resolution = resolver.resolve({"authorization": scheme + token})
     assert resolution.principal is None and resolution.reason.startswith("identity:")

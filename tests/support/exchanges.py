@@ -1,7 +1,8 @@
 """Exchanges without a server: one call as the stages see it, for unit tests of one stage.
 
 `Exchanges(**config)` parses a config as `ragtoll serve` would (`config.parse`) and routes it
-(`Router`); calling it makes an `Exchange` with a task, the route adapter's parse of the body and
+(`Router`); calling it makes an `Exchange` with a task, its caller resolved as the pipeline does
+(`CallerResolver`, from the headers and their repeats), the route adapter's parse of the body and
 a recording span (an SDK span exported to memory once it ends: `finished(ex)`). `answer(ex, ...)`
 plays the upstream's part: the adapter's own observer reads the body, as the forwarder's would.
 """
@@ -18,8 +19,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from ragtoll.proxy import config
 from ragtoll.proxy.model import SOURCE_HEADER, TaskRef
+from ragtoll.proxy.request.caller import CallerResolver
 from ragtoll.proxy.request.exchange import Exchange
 from ragtoll.proxy.request.identify import derived_trace_id
+from ragtoll.proxy.request.pipeline import read_headers
 from ragtoll.proxy.request.routing import Route, Router
 
 UNUSED = "http://127.0.0.1:9"  # the discard port: nothing listens, nothing is sent there
@@ -32,11 +35,13 @@ CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}],
 
 class Exchanges:
     """A factory of exchanges over one parsed config (`raw`: config keys; `upstreams` defaults
-    to UPSTREAMS), with one in-memory span exporter for all of them."""
+    to UPSTREAMS), with one in-memory span exporter for all of them. `env`: where secrets named
+    by the config are read (the JWT secret)."""
 
-    def __init__(self, **raw: Any) -> None:
+    def __init__(self, *, env: Mapping[str, str] | None = None, **raw: Any) -> None:
         self.settings = config.parse({"upstreams": UPSTREAMS, **raw})
         self.router = Router(self.settings.upstreams)
+        self.callers = CallerResolver(self.settings.identity, env or {})
         self.exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider(shutdown_on_exit=False)
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
@@ -47,9 +52,11 @@ class Exchanges:
 
     def __call__(self, route: str = "openai", body: Any = CHAT, *, path: str | None = None,
                  task: str | None = "task-1", baggage: Mapping[str, str] | None = None,
-                 headers: Mapping[str, str] | None = None, method: str = "POST") -> Exchange:
+                 headers: Mapping[str, str] | None = None, method: str = "POST",
+                 repeated: Sequence[tuple[str, str]] = (), client: str = "127.0.0.1") -> Exchange:
         """An exchange on `route` (by upstream name): `body` as JSON (bytes as they are, None for
-        none) parsed by the route's adapter; a header-named task unless `task` is None."""
+        none) parsed by the route's adapter; a header-named task unless `task` is None. `repeated`:
+        header lines sent after `headers` (a name sent twice)."""
         r = self.route(route)
         path = path or ("/v1/chat/completions" if r.upstream.api == "openai" else "/search")
         raw = body if body is None or isinstance(body, bytes) else orjson.dumps(body)
@@ -59,10 +66,12 @@ class Exchanges:
         ref = None
         if task is not None:
             ref = TaskRef(task, SOURCE_HEADER, derived_trace_id(task), tuple((baggage or {}).items()))
-        ex = Exchange(r, method, path, hdrs, [(k.encode(), v.encode()) for k, v in hdrs.items()], "127.0.0.1",
-                      time.perf_counter(), task=ref, body=raw, timeouts=r.upstream.timeouts)
+        raw_headers = [(k.encode(), v.encode()) for k, v in [*hdrs.items(), *repeated]]
+        merged, duplicated = read_headers(raw_headers)
+        ex = Exchange(r, method, path, merged, raw_headers, client, time.perf_counter(), task=ref, body=raw,
+                      caller=self.callers.resolve(merged, duplicated, client), timeouts=r.upstream.timeouts)
         if raw is not None and r.adapter.reads_body:
-            ex.call = r.adapter.parse_request(method, path, hdrs, raw)
+            ex.call = r.adapter.parse_request(method, path, merged, raw)
         ex.span = self._tracer.start_span(f"{ex.call.operation} {r.upstream.name}")
         return ex
 

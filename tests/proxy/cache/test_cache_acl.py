@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ragtoll.proxy.cache import acl
 from ragtoll.proxy.cache.evidence import EvidenceCache, Query
-from ragtoll.proxy.cache.principal import Principal
-from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
+from ragtoll.proxy.model import Principal
+from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
 
 PUBLIC = "public"
 NAMES = ["alice", "bob", "carol", "dave"]

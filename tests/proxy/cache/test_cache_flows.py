@@ -10,9 +10,9 @@ from ragtoll.proxy import config
 from ragtoll.proxy.cache.audit import Auditor, compare
 from ragtoll.proxy.cache.embedders import CachedEmbedder, LocalEmbedder, LocalModel, NoEmbedder
 from ragtoll.proxy.cache.evidence import EvidenceCache, Query
-from ragtoll.proxy.cache.principal import Principal
-from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
 from ragtoll.proxy.errors import ConfigError
+from ragtoll.proxy.model import Principal
+from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
 
 ALICE = Principal("alice", frozenset({"staff"}))
 
@@ -263,7 +263,7 @@ async def test_a_stored_threshold_is_only_ever_raised() -> None:
 
 
 async def test_audits_on_one_replica_raise_the_threshold_of_another(model: LocalModel, redis_url: str) -> None:
-    from ragtoll.proxy.cache.store_redis import RedisEvidenceStore
+    from ragtoll.proxy.stores.evidence_redis import RedisEvidenceStore
 
     stores = [RedisEvidenceStore.from_url(redis_url), RedisEvidenceStore.from_url(redis_url)]
     clock = Clock()
@@ -291,7 +291,7 @@ async def test_audits_on_one_replica_raise_the_threshold_of_another(model: Local
 
 
 async def test_two_replicas_on_one_redis_share_semantic_hits(model: LocalModel, redis_url: str) -> None:
-    from ragtoll.proxy.cache.store_redis import RedisEvidenceStore
+    from ragtoll.proxy.stores.evidence_redis import RedisEvidenceStore
 
     stores = [RedisEvidenceStore.from_url(redis_url), RedisEvidenceStore.from_url(redis_url)]
     try:

@@ -10,9 +10,9 @@ from typing import Any
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from ragtoll.proxy.cache.principal import PrincipalResolver
 from ragtoll.proxy.config import HeaderIdentityConfig, IdentityConfig, JwtConfig
 from ragtoll.proxy.errors import ConfigError
+from ragtoll.proxy.request.caller import CallerResolver
 
 SECRET = "s3cret-s3cret-s3cret-s3cret-s3cret-0"
 ENV = {"RAGTOLL_JWT_SECRET": SECRET}
@@ -25,9 +25,9 @@ def claims(**over: Any) -> dict[str, Any]:
     return base
 
 
-def hs(**cfg: Any) -> PrincipalResolver:
+def hs(**cfg: Any) -> CallerResolver:
     jwt_cfg = JwtConfig(audience="ragtoll", issuer="https://idp.example", **cfg)
-    return PrincipalResolver(IdentityConfig(mode="jwt", jwt=jwt_cfg), ENV)
+    return CallerResolver(IdentityConfig(mode="jwt", jwt=jwt_cfg), ENV)
 
 
 def bearer(token: str) -> dict[str, str]:
@@ -71,7 +71,7 @@ def test_alg_none_is_refused_even_when_listed() -> None:
 
 def test_missing_or_short_secret_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="RAGTOLL_JWT_SECRET"):
-        PrincipalResolver(IdentityConfig(mode="jwt"), {"RAGTOLL_JWT_SECRET": "short"})
+        CallerResolver(IdentityConfig(mode="jwt"), {"RAGTOLL_JWT_SECRET": "short"})
 
 
 def test_missing_token_is_no_principal() -> None:
@@ -97,7 +97,7 @@ def test_rs256_and_es256_from_a_jwks_file(jwks: tuple[pathlib.Path, Any, Any]) -
     path, rsa_key, ec_key = jwks
     cfg = IdentityConfig(mode="jwt", jwt=JwtConfig(jwks_file=str(path), algorithms=["RS256", "ES256"],
                                                     audience="ragtoll", groups_claim="roles"))
-    r = PrincipalResolver(cfg, {})
+    r = CallerResolver(cfg, {})
     good_rs = jwt.encode(claims(roles=["eng"]), rsa_key, algorithm="RS256", headers={"kid": "r1"})
     good_es = jwt.encode(claims(sub="bob", roles="ops admins"), ec_key, algorithm="ES256", headers={"kid": "e1"})
     a, b = r.resolve(bearer(good_rs)).principal, r.resolve(bearer(good_es)).principal
@@ -115,13 +115,13 @@ def test_rs256_and_es256_from_a_jwks_file(jwks: tuple[pathlib.Path, Any, Any]) -
 
 def test_headers_are_trusted_only_in_header_mode() -> None:
     forged = {"x-auth-subject": "alice", "x-auth-groups": "finance, admins", "x-auth-tenant": "acme"}
-    trusted = PrincipalResolver(IdentityConfig(mode="header", header=HeaderIdentityConfig()), {})
+    trusted = CallerResolver(IdentityConfig(mode="header", header=HeaderIdentityConfig()), {})
     p = trusted.resolve(forged).principal
     assert p is not None and p.subject == "alice" and p.groups == frozenset({"finance", "admins"})
     # in jwt mode the same headers are nothing: no principal without a verified token
     assert hs().resolve(forged).principal is None
     # in none mode the caller is anonymous, keyed by its credential, whatever headers claim
-    anon = PrincipalResolver(IdentityConfig(mode="none"), {})
+    anon = CallerResolver(IdentityConfig(mode="none"), {})
     q = anon.resolve(forged).principal
     assert q is not None and q.subject.startswith("anonymous:") and not q.groups
     assert anon.resolve({**forged, "authorization": "Bearer k1"}).principal != \

@@ -24,6 +24,7 @@ from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy import config
 from ragtoll.proxy.errors import BudgetExceeded
 from ragtoll.proxy.request.exchange import Exchange, Reply, Stage
+from ragtoll.proxy.request.caller import CallerResolver
 from ragtoll.proxy.request.identify import Identifier
 from ragtoll.proxy.request.pipeline import Pipeline
 from ragtoll.proxy.request.routing import Router
@@ -79,7 +80,7 @@ async def call(client: tuple[config.Settings, UpstreamClient], telemetry: Teleme
     settings, up = client
     router = Router(settings.upstreams)
     pipeline = Pipeline(settings, router, up, stages, Identifier(settings.tasks),
-                        telemetry.tracer_provider.get_tracer("test"))
+                        CallerResolver(settings.identity, {}), telemetry.tracer_provider.get_tracer("test"))
     path = "/openai/v1/chat/completions"
     scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
              "client": ("127.0.0.1", 50000),

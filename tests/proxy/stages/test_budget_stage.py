@@ -16,7 +16,7 @@ from ragtoll.proxy.core.budget import Actual, Charge, Ledger, Reservation
 from ragtoll.proxy.core.hold import Grant
 from ragtoll.proxy.errors import BudgetExceeded, StoreUnavailable
 from ragtoll.proxy.request.exchange import Exchange, Reply
-from ragtoll.proxy.stages.budget import REMAINING_HEADER, BudgetStage
+from ragtoll.proxy.stages.budget import REMAINING_HEADER, BudgetStage, breaker_for
 from ragtoll.proxy.stores.base import Decision, TaskMeta
 from ragtoll.proxy.stores.breaker import STORE_RETRY_MS
 from ragtoll.proxy.stores.memory import MemoryStore
@@ -132,17 +132,17 @@ class CountingStore:
 
 async def test_admits_within_the_limit_and_refuses_past_it_naming_the_limit() -> None:
     xs = Exchanges(budgets=budgets(max_steps=1))
-    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, MemoryStore()), hmac_key=None)
     first = xs()
     assert await stage.on_request(first) is None
-    assert first.ticket is not None and first.ticket.admitted
+    assert first.admission is not None and first.admission.admitted
     second = xs()
     with pytest.raises(BudgetExceeded) as refused:
         await stage.on_request(second)
     err = refused.value
     assert err.status == 429 and err.code == "budget_exceeded"
     assert "max_steps limit 1, used 1" in err.message and "'task-1'" in err.message
-    assert second.ticket is not None and not second.ticket.admitted
+    assert second.admission is not None and not second.admission.admitted
     span = xs.finished(second)
     assert span.attributes[sc.BUDGET_EXCEEDED] is True
     assert span.attributes[sc.BUDGET_EXCEEDED_DIMENSION] == "max_steps"
@@ -151,7 +151,7 @@ async def test_admits_within_the_limit_and_refuses_past_it_naming_the_limit() ->
 
 async def test_another_task_is_not_refused_by_a_spent_one() -> None:
     xs = Exchanges(budgets=budgets(max_steps=1))
-    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, MemoryStore()), hmac_key=None)
     await stage.on_request(xs(task="a"))
     assert await stage.on_request(xs(task="b")) is None
 
@@ -159,12 +159,12 @@ async def test_another_task_is_not_refused_by_a_spent_one() -> None:
 async def test_a_proposed_local_answer_is_charged_as_a_call_not_a_step() -> None:
     xs = Exchanges(budgets=budgets(max_steps=1, max_calls=5))
     store = MemoryStore()
-    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     ex = xs()
     ex.proposal = Reply(200, b"{}")
     assert await stage.on_request(ex) is None
     assert ex.proposal is not None  # charged, not vetoed
-    assert ex.ticket is not None and ex.ticket.charge == Charge(calls=1, cache_hit=True)
+    assert ex.admission is not None and ex.admission.charge == Charge(calls=1, cache_hit=True)
     answer(ex, b"{}")
     await stage.on_end(ex)
     ledger = await store.get_task("task-1")
@@ -176,7 +176,7 @@ async def test_a_proposed_local_answer_is_charged_as_a_call_not_a_step() -> None
 
 async def test_remaining_header_counts_this_call() -> None:
     xs = Exchanges(budgets=budgets(max_steps=3, max_completion_tokens=100))
-    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, MemoryStore()), hmac_key=None)
     ex = xs(body={**CHAT, "max_tokens": 30})
     await stage.on_request(ex)
     left = remaining(ex)
@@ -186,7 +186,7 @@ async def test_remaining_header_counts_this_call() -> None:
 
 async def test_remaining_header_on_a_refusal_says_nothing_is_left() -> None:
     xs = Exchanges(budgets=budgets(max_steps=1))
-    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, MemoryStore()), hmac_key=None)
     await stage.on_request(xs())
     ex = xs()
     with pytest.raises(BudgetExceeded):
@@ -210,7 +210,7 @@ async def chunk(stage: BudgetStage, ex: Exchange, data: bytes) -> bytes | None:
 
 async def test_stream_cut_finishes_the_event_the_client_is_in() -> None:
     xs = Exchanges(budgets=budgets(max_completion_tokens=2))
-    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, MemoryStore()), hmac_key=None)
     ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
     assert await stage.on_request(ex) is None
     ex.observation.output_tokens_seen = 1
@@ -226,7 +226,7 @@ async def test_stream_cut_finishes_the_event_the_client_is_in() -> None:
 
 async def test_stream_cut_on_an_event_boundary_adds_only_the_end_and_is_on_the_span() -> None:
     xs = Exchanges(budgets=budgets(max_completion_tokens=2))
-    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, MemoryStore()), hmac_key=None)
     ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
     await stage.on_request(ex)
     ex.observation.output_tokens_seen = 2
@@ -244,7 +244,7 @@ async def test_stream_cut_on_an_event_boundary_adds_only_the_end_and_is_on_the_s
 async def test_a_stream_extends_its_own_reservation_and_holds_output_back_until_granted() -> None:
     xs = Exchanges(budgets=budgets(max_completion_tokens=600))
     store = MemoryStore()
-    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
     await stage.on_request(ex)
     ex.observation.output_tokens_seen = 60  # past the 50 tokens it holds
@@ -258,19 +258,19 @@ async def test_a_stream_extends_its_own_reservation_and_holds_output_back_until_
     assert cut is not None and cut.endswith(b"data: [DONE]\n\n")
     ledger = await store.get_task("task-1")
     assert ledger is not None and ledger.used("completion_tokens") == 600  # never past the limit
-    assert ex.ticket is not None and ex.ticket.extensions == 2
+    assert ex.stream_state is not None and ex.stream_state.extensions == 2
     assert xs.finished(ex).attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"
 
 
 async def test_shadow_mode_records_the_cut_and_never_cuts() -> None:
     xs = Exchanges(budgets={"mode": "shadow", **budgets(max_completion_tokens=2)})
-    stage = BudgetStage(xs.settings, MemoryStore(), hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, MemoryStore()), hmac_key=None)
     ex = xs(body={**CHAT, "stream": True, "max_tokens": 50})
     await stage.on_request(ex)
     ex.observation.output_tokens_seen = 10
     assert await chunk(stage, ex, EVENT) is None  # shadow never holds a chunk back
-    assert ex.ticket is not None and ex.ticket.extending is not None
-    await asyncio.wait({ex.ticket.extending})  # the task has nothing left to extend with
+    assert ex.stream_state is not None and ex.stream_state.extending is not None
+    await asyncio.wait({ex.stream_state.extending})  # the task has nothing left to extend with
     assert await chunk(stage, ex, EVENT) is None
     assert xs.finished(ex).attributes[sc.BUDGET_WOULD_REJECT] == "max_completion_tokens"
 
@@ -280,7 +280,7 @@ async def test_shadow_mode_records_the_cut_and_never_cuts() -> None:
 async def test_settle_replaces_the_reservation_with_the_usage_the_upstream_reported() -> None:
     xs = Exchanges(budgets=budgets(max_completion_tokens=1000, max_context_tokens=10_000))
     store = MemoryStore()
-    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     ex = xs(body={**CHAT, "max_tokens": 500})
     await stage.on_request(ex)
     reserved = await store.get_task("task-1")
@@ -301,7 +301,7 @@ async def test_settle_replaces_the_reservation_with_the_usage_the_upstream_repor
 async def test_an_error_answer_settles_to_nothing_produced() -> None:
     xs = Exchanges(budgets=budgets(max_completion_tokens=1000))
     store = MemoryStore()
-    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     ex = xs(body={**CHAT, "max_tokens": 500})
     await stage.on_request(ex)
     answer(ex, {"error": {"message": "overloaded"}}, status=503)
@@ -313,7 +313,7 @@ async def test_an_error_answer_settles_to_nothing_produced() -> None:
 async def test_a_refused_call_is_not_settled() -> None:
     xs = Exchanges(budgets=budgets(max_steps=1))
     store = CountingStore(MemoryStore())
-    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     await stage.on_request(xs())
     ex = xs()
     with pytest.raises(BudgetExceeded):
@@ -328,10 +328,10 @@ async def test_a_refused_call_is_not_settled() -> None:
 async def test_open_a_failing_store_forwards_the_call_marked_degraded(fault: str) -> None:
     xs = Exchanges(budgets=budgets(max_steps=1), on_store_error="open", store_timeout_ms=50)
     store = CountingStore(MemoryStore(), **{"fail" if fault == "raise" else "hang": {"a"}})
-    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     ex = xs(task="a1")
     assert await asyncio.wait_for(stage.on_request(ex), 5) is None
-    assert ex.degraded is not None and ex.ticket is None
+    assert ex.degraded is not None and ex.admission is None
     assert header(ex, REMAINING_HEADER) is None  # no budget applied: none claimed
     span = xs.finished(ex)
     assert span.attributes[sc.DEGRADED] is True
@@ -345,7 +345,7 @@ async def test_open_a_failing_store_forwards_the_call_marked_degraded(fault: str
 async def test_closed_a_failing_store_refuses_with_503(fault: str) -> None:
     xs = Exchanges(on_store_error="closed", store_timeout_ms=50, store="redis://user:secret@127.0.0.1:1/0")
     store = CountingStore(MemoryStore(), **{"fail" if fault == "raise" else "hang": {"a"}})
-    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     with pytest.raises(StoreUnavailable) as refused:
         await asyncio.wait_for(stage.on_request(xs(task="a1")), 5)
     assert refused.value.status == 503 and refused.value.code == "store_unavailable"
@@ -356,7 +356,7 @@ async def test_closed_a_failing_store_refuses_with_503(fault: str) -> None:
 async def test_a_hanging_store_never_hangs_the_call(mode: str) -> None:
     xs = Exchanges(on_store_error=mode, store_timeout_ms=50)
     store = CountingStore(MemoryStore(), hang={"a"})
-    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     for _ in range(2):
         ex = xs(task="a1")
         if mode == "open":
@@ -372,7 +372,7 @@ async def test_the_breaker_skips_only_the_failed_domain_and_retries_it_later() -
     xs = Exchanges(on_store_error="open", store_timeout_ms=50)
     clock = Clock()
     store = CountingStore(MemoryStore(), fail={"a"})
-    stage = BudgetStage(xs.settings, store, hmac_key=None, wall_ms=clock)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store, clock), hmac_key=None, wall_ms=clock)
     await stage.on_request(xs(task="a1"))
     assert store.reserves == Counter({"a": 1})
     skipped = xs(task="a2")  # another task of the failed domain: not tried
@@ -380,7 +380,7 @@ async def test_the_breaker_skips_only_the_failed_domain_and_retries_it_later() -
     assert skipped.degraded is not None and "not retried yet" in skipped.degraded
     healthy = xs(task="b1")  # another domain: reserved as usual
     await stage.on_request(healthy)
-    assert healthy.degraded is None and healthy.ticket is not None and healthy.ticket.admitted
+    assert healthy.degraded is None and healthy.admission is not None and healthy.admission.admitted
     assert store.reserves == Counter({"a": 1, "b": 1})
     clock.ms += STORE_RETRY_MS
     store.fail.clear()
@@ -392,7 +392,7 @@ async def test_the_breaker_skips_only_the_failed_domain_and_retries_it_later() -
 async def test_a_failed_settle_is_recorded_and_does_not_raise() -> None:
     xs = Exchanges()
     store = CountingStore(MemoryStore())
-    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     ex = xs()
     await stage.on_request(ex)
     answer(ex, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
@@ -414,7 +414,7 @@ async def test_a_reserve_that_lands_after_its_timeout_is_cancelled(mode: str, fi
     inner = MemoryStore()
     store = CountingStore(inner, late={"a"}, late_s=0.2)
     store.late_cancels = first == "reserve"
-    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     ex = xs(task="a1")
     if mode == "closed":
         with pytest.raises(StoreUnavailable):
@@ -440,7 +440,7 @@ async def test_a_failed_settle_is_retried_until_the_store_takes_it() -> None:
     xs = Exchanges()
     inner = MemoryStore()
     store = CountingStore(inner)
-    stage = BudgetStage(xs.settings, store, hmac_key=None)
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     ex = xs()
     await stage.on_request(ex)
     answer(ex, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})

@@ -1,5 +1,5 @@
-"""The cache stage on exchanges without a server, with the real MemoryEvidenceStore and
-PrincipalResolver: a miss files its evidence only when the answer completed, a hit proposes the
+"""The cache stage on exchanges without a server, with the real MemoryEvidenceStore and the
+caller resolved as the pipeline does: a miss files its evidence only when the answer completed, a hit proposes the
 cached answer, bypasses say why, and an ACL refusal is a miss."""
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import numpy as np
 import orjson
 import pytest
 from ragtoll.instrumentation import semconv as sc
-from ragtoll.proxy.cache.entry import Entry
-from ragtoll.proxy.cache.principal import PrincipalResolver
-from ragtoll.proxy.cache.store_memory import MemoryEvidenceStore
 from ragtoll.proxy.errors import BadRequest
 from ragtoll.proxy.request.exchange import CacheOutcome, Exchange
 from ragtoll.proxy.request.upstream import UpstreamClient
-from ragtoll.proxy.stages.cache import CACHE_HEADER, CacheStage
+from ragtoll.proxy.stages.cache import CACHE_HEADER, CacheStage, evidence_cache
+from ragtoll.proxy.stores.evidence import Entry
+from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
 from support.exchanges import UNUSED, Exchanges, answer, results
 
 UPSTREAMS = [
@@ -39,9 +38,8 @@ class Cache:
         self.xs = Exchanges(upstreams=upstreams, identity={"mode": "header"}, **raw)
         self.store = store if store is not None else MemoryEvidenceStore()
         self.client = UpstreamClient(self.xs.settings.upstreams)
-        self.stage = CacheStage(self.xs.settings, store=self.store, client=self.client,
-                                resolver=PrincipalResolver(self.xs.settings.identity, {}),
-                                tracer_provider=self.xs.tracer_provider)
+        self.stage = CacheStage(self.xs.settings, evidence_cache(self.xs.settings, self.store, self.client),
+                                self.client, tracer_provider=self.xs.tracer_provider)
 
     async def call(self, who: dict[str, str], body: Any = QUERY, *, route: str = "docs", path: str | None = None,
                    headers: dict[str, str] | None = None, upstream: Any = None, status: int = 200,
@@ -172,8 +170,7 @@ async def test_upstreams_that_answer_everyone_alike_share_by_acl_alone() -> None
 @pytest.mark.parametrize("repeated", ["x-auth-groups", "x-auth-subject", "x-auth-tenant"])
 async def test_a_repeated_identity_header_is_refused_never_joined(cache: Cache, repeated: str) -> None:
     """Issue 22: two x-auth-groups headers were joined into one principal (the upstream read the first)."""
-    ex = cache.xs("docs", QUERY, headers={**ALICE, "x-auth-tenant": "acme"})
-    ex.raw_headers.append((repeated.encode(), b"admins"))
+    ex = cache.xs("docs", QUERY, headers={**ALICE, "x-auth-tenant": "acme"}, repeated=[(repeated, "admins")])
     with pytest.raises(BadRequest, match="more than once") as refused:
         await cache.stage.on_request(ex)
     assert refused.value.status == 400 and refused.value.code == "ambiguous_identity"

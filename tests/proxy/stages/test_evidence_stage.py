@@ -1,5 +1,5 @@
 """The evidence stage on exchanges without a server: `x-ragtoll-evidence` from what the budget
-worked out (`ticket.new_chunks`), and the context landfill counted across a task's calls."""
+worked out (`ex.new_chunks`), and the context landfill counted across a task's calls."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from typing import Any
 import http_sfv
 import pytest
 from ragtoll.instrumentation import semconv as sc
-from ragtoll.proxy.core.budget import Charge, Reservation, Ticket
 from ragtoll.proxy.request.exchange import Exchange
 from ragtoll.proxy.stages.evidence import EVIDENCE_HEADER, EvidenceStage
 from support.exchanges import Exchanges, answer, results
@@ -17,10 +16,6 @@ PASSAGES = ["Refunds on annual plans are allowed within 30 days of purchase.",
             "Monthly plans renew automatically on the first day of the month.",
             "Enterprise contracts are refunded pro rata after the first quarter."]
 ANSWER = {"results": [{"id": f"c{i}", "text": t, "score": round(0.9 - i / 10, 2)} for i, t in enumerate(PASSAGES)]}
-
-
-def ticket(new_chunks: int | None) -> Ticket:
-    return Ticket(True, Charge(retrieval_calls=1), Reservation(), {}, "p", False, new_chunks=new_chunks)
 
 
 def header(ex: Exchange) -> http_sfv.Dictionary | None:
@@ -56,7 +51,7 @@ async def test_header_describes_the_answer_with_the_budgets_new_chunk_count() ->
     xs = Exchanges()
     ex = xs("docs", {"query": "refunds", "top_k": 3})
     answer(ex, ANSWER)
-    ex.ticket = ticket(new_chunks=2)
+    ex.new_chunks = 2
     await EvidenceStage().on_response(ex)
     parsed = header(ex)
     assert parsed is not None
@@ -68,14 +63,14 @@ async def test_no_header_without_a_new_chunk_count_or_without_chunks() -> None:
     xs = Exchanges()
     unbudgeted = xs("docs", {"query": "refunds", "top_k": 3})
     answer(unbudgeted, ANSWER)
-    await EvidenceStage().on_response(unbudgeted)  # no ticket: the budget did not apply
+    await EvidenceStage().on_response(unbudgeted)  # no new-chunk count: the budget did not apply
     unparsed = xs("docs", {"query": "refunds", "top_k": 3})
     answer(unparsed, b"not json")
-    unparsed.ticket = ticket(new_chunks=0)
+    unparsed.new_chunks = 0
     await EvidenceStage().on_response(unparsed)
     counted_later = xs("docs", {"query": "refunds", "top_k": 3})
     answer(counted_later, results(["a"]))
-    counted_later.ticket = ticket(new_chunks=None)
+    counted_later.new_chunks = None
     await EvidenceStage().on_response(counted_later)
     assert [header(e) for e in (unbudgeted, unparsed, counted_later)] == [None, None, None]
 

@@ -1,5 +1,6 @@
-"""Who the principal of a call is: the identity the cache's resolver verified (JWT subject, the
-gateway's headers), else the credential's hash, else the client address."""
+"""Who the principal of a call is (the caller the pipeline resolved once: `ex.caller.id`): the
+verified identity (JWT subject, the gateway's headers), else the credential's hash, else the client
+address; and the principal stage's limits and store failures."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import time
 
 import jwt
 import pytest
-from ragtoll.proxy.cache.principal import PrincipalResolver
-from ragtoll.proxy.errors import StoreUnavailable
+from ragtoll.proxy.errors import BudgetExceeded, StoreUnavailable
+from ragtoll.proxy.request.exchange import Exchange
 from ragtoll.proxy.stages.principal import PrincipalStage
 from ragtoll.proxy.stores.principals import MemoryPrincipalStore, RedisPrincipalStore
 from ragtoll.proxy.stores.redis import RedisStore
@@ -18,28 +19,42 @@ SECRET = "s3cret-s3cret-s3cret-s3cret-s3cret-0"
 
 
 def stage(ex: Exchanges) -> PrincipalStage:
-    resolver = PrincipalResolver(ex.settings.identity, {"RAGTOLL_JWT_SECRET": SECRET})
-    return PrincipalStage(ex.settings, MemoryPrincipalStore(60_000), resolver)
+    return PrincipalStage(ex.settings, MemoryPrincipalStore(60_000))
+
+
+def principal_of(ex: Exchange) -> str:
+    assert ex.caller is not None
+    return ex.caller.id
 
 
 def test_jwt_subject_then_credential_hash() -> None:
-    ex = Exchanges(identity={"mode": "jwt"}, principals={"default": {"max_concurrent_tasks": 5}})
+    ex = Exchanges(env={"RAGTOLL_JWT_SECRET": SECRET}, identity={"mode": "jwt"},
+                   principals={"default": {"max_concurrent_tasks": 5}})
     token = jwt.encode({"sub": "alice", "tenant": "acme", "exp": int(time.time()) + 60}, SECRET, algorithm="HS256")
-    s = stage(ex)
-    assert s.principal_of(ex(headers={"authorization": f"Bearer {token}"})) == "sub:acme/alice"
+    assert principal_of(ex(headers={"authorization": f"Bearer {token}"})) == "sub:acme/alice"
     forged = jwt.encode({"sub": "alice", "exp": int(time.time()) + 60}, "x" * 40, algorithm="HS256")
-    unverified = s.principal_of(ex(headers={"authorization": f"Bearer {forged}"}))
+    unverified = principal_of(ex(headers={"authorization": f"Bearer {forged}"}))
     assert unverified.startswith("key:") and "alice" not in unverified  # a forged token is only a credential
+
+
+async def test_the_stage_counts_the_callers_principal() -> None:
+    xs = Exchanges(identity={"mode": "header"}, principals={"default": {"max_new_tasks_per_minute": 1}})
+    s = stage(xs)
+    first = xs(headers={"x-auth-subject": "bob"}, task="t1")
+    assert await s.on_request(first) is None and first.charged_principal == "sub:bob"
+    with pytest.raises(BudgetExceeded) as refused:  # bob's second new task this minute
+        await s.on_request(xs(headers={"x-auth-subject": "bob"}, task="t2"))
+    assert refused.value.details["principal"] == "sub:bob"
+    carol = xs(headers={"x-auth-subject": "carol"}, task="t3")  # another caller: its own window
+    assert await s.on_request(carol) is None and carol.charged_principal == "sub:carol"
 
 
 def test_gateway_header_only_in_header_mode_else_address() -> None:
     headers = {"x-auth-subject": "bob"}
     trusted = Exchanges(identity={"mode": "header"}, principals={"default": {"max_concurrent_tasks": 5}})
-    assert stage(trusted).principal_of(trusted(headers=headers)) == "sub:bob"
+    assert principal_of(trusted(headers=headers)) == "sub:bob"
     plain = Exchanges(principals={"default": {"max_concurrent_tasks": 5}})
-    call = plain(headers=headers)
-    call.client = "192.0.2.7"
-    assert stage(plain).principal_of(call) == "addr:192.0.2.7"  # the header alone proves nothing
+    assert principal_of(plain(headers=headers, client="192.0.2.7")) == "addr:192.0.2.7"  # the header proves nothing
 
 
 def test_overrides_replace_only_the_keys_they_set() -> None:
@@ -55,8 +70,7 @@ async def test_an_unreachable_store_forwards_degraded_or_answers_503(mode: str) 
     ex = Exchanges(store="redis://127.0.0.1:9", on_store_error=mode, store_timeout_ms=200,  # nothing listens
                    principals={"default": {"max_new_tasks_per_minute": 5}})
     budget = RedisStore(ex.settings.store, timeout_s=0.2)
-    s = PrincipalStage(ex.settings, RedisPrincipalStore(budget, stale_ms=60_000, owner_ttl_s=60),
-                       PrincipalResolver(ex.settings.identity, {}))
+    s = PrincipalStage(ex.settings, RedisPrincipalStore(budget, stale_ms=60_000, owner_ttl_s=60))
     try:
         call = ex()
         if mode == "closed":

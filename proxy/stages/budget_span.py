@@ -1,0 +1,110 @@
+"""What the budget stage writes on the call span: the reservation (profile, limit, used and left
+per dimension, the charge and warning and refusal events) and the settlement (what the call
+really used, the stream's extensions, the progress verdict). Spans are exported only when they
+end, so the reservation's record waits on the exchange (`ex.budget_record`) until the first of a
+stream cut, the deadline, the settle or the call's end writes it: none of it costs anything before
+the first byte reaches the client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ragtoll.instrumentation import semconv as sc
+
+from ..core import budget as bm
+from ..core.budget import Actual, Admission, Charge, Ledger, Selection
+from ..core.hold import StreamState
+from ..core.progress import Verdict
+from ..request.exchange import Exchange
+from ..stores.base import Decision
+
+# the dimensions settle changes (the rest stand as reserved)
+SETTLED_DIMENSIONS = ("max_context_tokens", "max_completion_tokens", "max_cost_usd", "max_stalled_retrievals",
+                      "max_fruitless_retrievals")
+
+
+def flush_record(ex: Exchange) -> None:
+    """Write the reservation's span record now, once (before a cut's, a deadline's or a settle's)."""
+    if ex.budget_record is not None:
+        record, ex.budget_record = ex.budget_record, None
+        record()
+
+
+def record_reservation(span: Any, adm: Admission, sel: Selection, notes: list[str], d: Decision, now: int,
+                       left: Mapping[str, Any], warn: Mapping[str, float], at_ns: int) -> None:
+    """The reservation on the call span: profile, limit/used/remaining per dimension, events at `at_ns`."""
+    if span is None or not span.is_recording():
+        return
+    charge = adm.charge
+    charged = charge if d.admitted else None
+    attrs: dict[str, Any] = {sc.PROFILE: sel.profile, sc.PROFILE_SOURCE: sel.source,
+                             sc.BUDGET_MODE: "shadow" if adm.shadow else "enforce", sc.BUDGET_EXCEEDED: not d.admitted}
+    if sel.cls:
+        attrs[sc.QUERY_CLASS] = sel.cls
+        attrs[sc.QUERY_CLASS_REASON] = sel.reason[:300]
+    all_notes = list(sel.notes) + notes
+    if all_notes:
+        attrs[sc.BUDGET_NOTES] = all_notes[:20]
+    if charge.query_key is not None:
+        attrs[sc.QUERY_NEW] = d.reservation.new_query
+    for dim, limit in adm.limits.items():
+        attrs[sc.budget_limit(dim)] = bm.usd(limit) if dim == "max_cost_usd" else limit
+        attrs[sc.budget_used(dim)] = bm.used_value(dim, d.ledger, charged, now)
+        attrs[sc.budget_remaining(dim)] = left[dim]
+    if d.dimension:
+        attrs[sc.BUDGET_EXCEEDED_DIMENSION if not adm.shadow else sc.BUDGET_WOULD_REJECT] = d.dimension
+    if adm.finished:
+        attrs[sc.BUDGET_FINISHED] = adm.finished
+    span.set_attributes(attrs)
+    if d.admitted:
+        span.add_event(sc.EVENT_CHARGE, timestamp=at_ns, attributes=_charged(charge, d.reservation.new_query))
+    for dim, share in warn.items():
+        span.add_event(sc.EVENT_WARNING, {"dimension": dim, "used_fraction": round(share, 4)}, timestamp=at_ns)
+    if d.dimension:
+        limit = adm.limits[d.dimension]
+        span.add_event(sc.EVENT_EXCEEDED, timestamp=at_ns, attributes={
+            "dimension": d.dimension, "limit": bm.usd(limit) if d.dimension == "max_cost_usd" else limit,
+            "used": bm.used_value(d.dimension, d.ledger, charge if d.dimension == "max_prompt_tokens" else None, now),
+            "mode": "shadow" if adm.shadow else "enforce", "would_reject": adm.shadow})
+
+
+def _charged(charge: Charge, new_query: bool) -> dict[str, Any]:
+    """The charge event's attributes: what the reservation added, the zeros left out."""
+    return {k: v for k, v in (
+        ("steps", charge.steps), ("calls", charge.calls), ("retrieval_calls", charge.retrieval_calls),
+        ("rerank_calls", charge.rerank_calls), ("context_tokens", charge.context_tokens),
+        ("completion_tokens_reserved", charge.completion_reserve), ("cost_usd_reserved", bm.usd(charge.cost)),
+        ("unique_queries", int(new_query)), ("cache_hit", charge.cache_hit)) if v}
+
+
+def record_settlement(span: Any, adm: Admission, stream: StreamState | None, ledger: Ledger | None, actual: Actual,
+                      verdict: Verdict | None, now: int) -> None:
+    """The settle on the call span: the cost, what the settled dimensions used and have left, a
+    stream's extensions and unspent hold, a retrieval's progress."""
+    if span is None or not span.is_recording():
+        return
+    span.set_attribute(sc.COST_USD, bm.usd(actual.cost_nusd))
+    if stream is not None and stream.hold is not None:
+        span.set_attribute(sc.BUDGET_STREAM_EXTENSIONS, stream.extensions)
+        span.set_attribute(sc.BUDGET_STREAM_HELD, max(0, int(stream.hold.headroom(0))))
+    if ledger is not None:
+        left = bm.remaining(adm.limits, ledger, None, now)
+        for dim in SETTLED_DIMENSIONS:
+            if dim in adm.limits:
+                span.set_attribute(sc.budget_used(dim), bm.used_value(dim, ledger, None, now))
+                span.set_attribute(sc.budget_remaining(dim), left[dim])
+        if actual.chunk_ids is not None:
+            span.set_attribute(sc.EVIDENCE_STALLED, ledger.used("stalled"))
+            span.set_attribute(sc.EVIDENCE_FRUITLESS, ledger.used("fruitless"))
+            span.set_attribute(sc.EVIDENCE_NEW_CHUNKS, ledger.used("last_new"))
+    if verdict is not None:
+        span.set_attributes({sc.PROGRESS_PREFIX + k: v for k, v in verdict.attributes().items()})
+
+
+def record_degraded(span: Any, reason: str, **attributes: Any) -> None:
+    """A store step that failed for this call: the span says so (its budget went on without it)."""
+    if span is not None:
+        span.set_attribute(sc.DEGRADED, True)
+        span.add_event(sc.EVENT_DEGRADED, {"reason": reason, **attributes})

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .errors import ConfigError
+from .redact import redact
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -64,7 +65,7 @@ def _load(path: str | None) -> object:
 def _check(args: argparse.Namespace) -> int:
     settings: Any = _load(args.config)
     upstreams = getattr(settings, "upstreams", [])
-    print(f"ok: {len(upstreams)} upstream(s): " + ", ".join(f"{u.route_prefix} -> {u.url}" for u in upstreams))
+    print(f"ok: {len(upstreams)} upstream(s): " + ", ".join(f"{u.route_prefix} -> {redact(u.url)}" for u in upstreams))
     for line in _cache_summary(settings):
         print(line)
     return 0
@@ -179,7 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
     app, tracer_provider, meter_provider = served_app(settings)
     app.on_started = lambda: print(
         f"ragtoll listening on http://{server.host}:{server.port} "
-        f"({len(settings.upstreams)} upstream(s), store {settings.store})", file=sys.stderr, flush=True)
+        f"({len(settings.upstreams)} upstream(s), store {redact(settings.store)})", file=sys.stderr, flush=True)
     try:
         uvloop.run(serve(app, server, on_signal=app.drain))
     except OSError as exc:  # the port is taken, the address does not exist, ...

@@ -24,6 +24,7 @@ import yaml
 from ragtoll.instrumentation.semconv import DIMENSIONS
 
 from .errors import ConfigError
+from .redact import redact
 
 KINDS = ("llm", "embeddings", "retrieval", "rerank", "other")
 DEFAULT_PORT = 8787
@@ -91,7 +92,8 @@ def _freeze(obj: Any, *names: str) -> None:
 
 
 def _bad(key: str, value: Any, valid: str) -> typing.NoReturn:
-    raise ConfigError(f"Config '{key}' has value {value!r}. Expected {valid}.", key=key)
+    shown = redact(value) if isinstance(value, str) else value  # a store or upstream URL may hold a password
+    raise ConfigError(f"Config '{key}' has value {shown!r}. Expected {valid}.", key=key)
 
 
 def _finite(value: float) -> bool:
@@ -275,8 +277,10 @@ class UpstreamConfig:
         """This upstream alone; names, prefixes and origins shared with others are Settings' rules."""
         if not _NAME.fullmatch(self.name):
             _bad(f"{where}.name", self.name, "lowercase letters, digits, '-' or '_', at most 63 characters")
-        if not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", self.url):
-            _bad(f"{where}.url", self.url, "an absolute http:// or https:// URL without query or fragment")
+        if not re.fullmatch(r"https?://[^/\s?#@]+(/[^\s?#]*)?", self.url):
+            # credentials in the URL would reach logs and collide with the caller's Authorization header
+            _bad(f"{where}.url", self.url, "an absolute http:// or https:// URL without credentials, query or "
+                 "fragment (the caller's requests carry the upstream's credentials in their headers)")
         prefix = self.route_prefix
         if not _PREFIX.fullmatch(prefix) or ".." in prefix.split("/"):
             _bad(f"{where}.prefix", prefix, "a path such as /openai (letters, digits, '.', '_', '~', '-')")

@@ -37,6 +37,7 @@ from ..core.profiles import Profiles
 from ..core.progress import ProgressRules, RecentQueries, Verdict
 from ..core.signing import signed_profile, verify_budget_baggage
 from ..errors import BudgetExceeded, StoreUnavailable, UnreadableBody
+from ..redact import redact
 from ..request.exchange import Exchange, Reply, Stage, contract
 from ..stores.base import Decision, Store, TaskMeta
 from ..stores.breaker import Breaker
@@ -449,20 +450,14 @@ def breaker_for(settings: Settings, store: Store, wall_ms: Callable[[], int] | N
                    settings.budgets.reservation_ttl_s * 1000)
 
 
-def _safe_store_name(url: str) -> str:
-    """The store URL without credentials, for error bodies."""
-    scheme, sep, rest = url.partition("://")
-    return f"{scheme}{sep}{rest.rpartition('@')[2]}" if sep else url
-
-
 def store_failed(settings: Settings, ex: Exchange, exc: BaseException, what: str) -> None:
     """A store (`what`) failed for this call. Open: the call goes on without that budget (the span
     and metrics say so). Closed: 503."""
-    reason = f"{what} failed: {type(exc).__name__}: {str(exc)[:200]}"
+    reason = f"{what} failed: {type(exc).__name__}: {redact(str(exc))[:200]}"
     record_degraded(ex.span, reason, on_store_error=settings.on_store_error)
     if settings.on_store_error == "closed":
         raise StoreUnavailable(
             "the budget store did not answer in time and on_store_error is closed; the call was not forwarded",
-            store=_safe_store_name(settings.store),
+            store=redact(settings.store),
         ) from exc
     ex.degraded = reason

@@ -27,6 +27,7 @@ from ..config import DIMENSIONS
 from ..core.budget import Actual, Charge, Ledger, Reservation
 from ..core.hold import Grant
 from ..errors import StoreUnavailable
+from ..redact import redact
 from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, new_reservation_id, reservation_expiry, wants_seen
 
 MAX_LOCAL_TASKS = 200_000
@@ -295,7 +296,7 @@ async def read_records(url: str, stream: str, *, batch: int = 1000,
                 return entries
             start = "(" + page[-1][0].decode()
     except RedisError as exc:
-        raise StoreUnavailable(f"cannot read stream {stream!r}: {exc}") from exc
+        raise StoreUnavailable(f"cannot read stream {stream!r}: {redact(str(exc))}") from exc
     finally:
         await client.aclose()
 

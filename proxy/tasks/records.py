@@ -21,6 +21,7 @@ import orjson
 
 from ..config import DEFAULT_RECORDS_KEEP, DEFAULT_RECORDS_MAX_BYTES
 from ..core.budget import Ledger, usd
+from ..redact import redact
 
 log = logging.getLogger("ragtoll.records")
 END_EXPLICIT = "explicit"
@@ -266,7 +267,7 @@ class TaskEnder:
             await self.sink.append(records)
         except Exception as exc:  # noqa: BLE001 - say the records were lost, never raise into a sweep
             self.sink_failures += len(records)
-            log.warning("%d task record(s) not written (%s: %s)", len(records), type(exc).__name__, exc)
+            log.warning("%d task record(s) not written (%s: %s)", len(records), type(exc).__name__, redact(str(exc)))
             return False
         return True
 

@@ -20,6 +20,7 @@ from typing import Any
 import orjson
 
 from ..errors import RagtollError, StoreUnavailable
+from ..redact import redact
 
 GROUPS = ("profile", "class", "route")
 # record key -> the budget dimension that limits it (max_prompt_tokens and max_stalled_retrievals
@@ -134,7 +135,7 @@ def read_stream(url: str, key: str, *, batch: int = 1000) -> list[dict[str, Any]
     try:
         entries = asyncio.run(read_records(url, key, batch=batch))
     except StoreUnavailable as exc:
-        raise ReportError(f"{exc.message} ({url})") from exc
+        raise ReportError(f"{exc.message} ({redact(url)})") from exc
     return parse_records([(_entry(fields), f"{key}#{entry_id}") for entry_id, fields in entries])
 
 

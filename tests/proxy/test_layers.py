@@ -13,7 +13,7 @@ import pytest
 PROXY = Path(__file__).resolve().parents[2] / "proxy"
 # lowest first: a room may import from its own layer and the ones before it, never after
 LAYERS: list[set[str]] = [
-    {"__init__", "errors", "model", "data"},  # the version, the error tree, value types, packaged data
+    {"__init__", "errors", "model", "data", "redact"},  # the version, errors, value types, data, redaction
     {"config"},  # the typed configuration (knows no adapter)
     {"core"},  # pure domain logic: budgets, pricing, progress, verification, tokens
     {"adapters", "secrets"},  # one module per upstream API; secrets named by config

@@ -29,6 +29,7 @@ class RedisProcess:
     port: int
     dir: str
     extra: list[str] = field(default_factory=list)
+    password: str | None = None  # requirepass: clients authenticate as `default`
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -37,12 +38,13 @@ class RedisProcess:
 
     def start(self) -> RedisProcess:
         args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--dir", self.dir, "--protected-mode", "no", *self.extra]
+                "--dir", self.dir, "--protected-mode", "no", *self.extra,
+                *(["--requirepass", self.password] if self.password else [])]
         self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:
             try:
-                redis.Redis(port=self.port, socket_connect_timeout=0.2).ping()
+                redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.2).ping()
                 return self
             except redis.ConnectionError:
                 if time.monotonic() > deadline or self.proc.poll() is not None:

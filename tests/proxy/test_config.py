@@ -75,6 +75,10 @@ def test_env_overrides_a_file(tmp_path: Path) -> None:
     ("upstreams: [{name: a, kind: llmm, url: 'http://x'}]",
      "Config 'upstreams[0].kind' has value 'llmm'. Expected one of: llm, embeddings, retrieval, rerank, other."),
     ("upstreams: [{name: a, kind: llm, url: 'ftp://x'}]", "Config 'upstreams[0].url' has value 'ftp://x'"),
+    ("upstreams: [{name: a, kind: llm, url: 'http://u:pw@x'}]",
+     "Config 'upstreams[0].url' has value 'http://u:REDACTED@x'. Expected an absolute http:// or https:// URL "
+     "without credentials"),
+    ("store: 'redis+sentinel://u:pw@x'", "Config 'store' has value 'redis+sentinel://u:REDACTED@x'"),
     ("upstreams: [{name: a, kind: llm, url: 'http://x', prefix: /admin}]", "reserved /admin"),
     ("upstreams: [{name: a, kind: llm, url: 'http://x', prefix: /a}, {name: b, kind: llm, url: 'http://y', prefix: /a/b}]",
      "does not overlap '/a'"),

@@ -18,7 +18,7 @@ STOPWORDS = frozenset(["a", "an", "the", "of", "for", "in", "on", "at", "by", "w
 NEGATIONS = frozenset(["not", "no", "never", "without", "none", "neither", "nor", "cannot", "can't", "cant", "won't", "dont", "don't", "doesn't", "isn't", "aren't", "wasn't", "weren't", "excluding", "except", "unless", "non"])
 
 # Words that open a slot: the next content word is the source, the target or the comparand.
-ROLE_MARKERS = {"from": "from", "to": "to", "into": "to", "towards": "to", "toward": "to", "than": "than",
+ROLE_MARKERS = {"from": "from", "to": "to", "into": "to", "onto": "to", "towards": "to", "toward": "to", "than": "than",
                 "vs": "vs", "versus": "vs", "against": "vs"}
 
 NUMBER_WORDS = {
@@ -140,6 +140,12 @@ OPPOSITE_MOTIONS = {a: b for x, y in (("give", "take"), ("in", "out"), ("enter",
                                       ("promote", "demote"), ("merge", "split"), ("expand", "collapse"),
                                       ("show", "hide"), ("maximize", "minimize"), ("lock", "unlock"))
                     for a, b in ((x, y), (y, x))}
+# What a question asks for (issue 33): "how long does express shipping take" is not "how much is express
+# shipping", whatever their words share. A query with no such word asks for nothing in particular.
+QUESTION_FOCUS = {"how long": "time", "how soon": "time", "when": "time", "how much": "quantity",
+                  "how many": "quantity", "how often": "frequency", "how far": "distance", "how old": "age",
+                  "where": "place", "who": "person", "whom": "person", "why": "reason"}
+
 # Verbs a prefix reverses: "unsubscribe", "unarchive", "disconnect", "deselect" are the opposite of the
 # bare verb (motion "v:subscribe" against "un:subscribe").
 REVERSIBLE = frozenset(["block", "subscribe", "archive", "share", "pin", "follow", "mute", "link", "assign",

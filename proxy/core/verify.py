@@ -47,6 +47,7 @@ class Features:
     motions: frozenset[str] = frozenset()
     # content words and direction poles in order: who does what to whom ("owner ... to admin")
     spine: tuple[str, ...] = ()
+    focus: frozenset[str] = frozenset()  # what the question asks for (lexicon.QUESTION_FOCUS)
 
 
 def stem(word: str) -> str:
@@ -102,6 +103,7 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
     dates: set[str] = set()
     directions: set[str] = set()
     motions: set[str] = set()
+    focus: set[str] = set()
     spine: list[str] = []
     entities: set[str] = set()
     sequence: list[str] = []  # the content words, in order
@@ -132,6 +134,9 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
 
     for i, tok in enumerate(raw_tokens):
         low = tok.casefold().replace("’", "'")
+        asked = lx.QUESTION_FOCUS.get(f"{prev_lower} {low}" if prev_lower == "how" else low)
+        if asked is not None:
+            focus.add(asked)
         m = _NUMERIC.match(low)
         if m:
             number, pct, unit = m.groups()
@@ -229,7 +234,7 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
     order = tuple((group, frozenset(segments[k]), frozenset(segments[k + 1])) for k, group in enumerate(links))
     return Features(quoted, frozenset(numbers), frozenset(units), frozenset(dates), negated,
                     frozenset(directions), tuple(sorted(set(roles))), frozenset(entities), frozenset(sequence),
-                    tuple(sequence), order, frozenset(motions), tuple(spine))
+                    tuple(sequence), order, frozenset(motions), tuple(spine), frozenset(focus))
 
 
 def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (),
@@ -255,6 +260,8 @@ def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (
         return "role"
     if a.entities != b.entities:
         return "entity"
+    if a.focus and b.focus and a.focus != b.focus:
+        return "question"
     changed = a.content ^ b.content
     if changed & _canon_set(vocab if isinstance(vocab, frozenset) else frozenset(vocab)):
         return "filter"
@@ -428,3 +435,47 @@ def _looks_like_name(tok: str, i: int, tokens: list[str]) -> bool:
     if tok[0].isupper() and i > 0 and tokens[i - 1] not in (".", "?", "!"):
         return not tok[1:].islower() or tok.casefold() not in lx.STOPWORDS
     return any(ch.isupper() for ch in tok[1:])  # iPhone, PostgreSQL
+
+
+# --- the serve decision beyond the vetoes: a calibrated estimate of P(wrong) --------------------------
+
+PAIR_FEATURES = ("similarity", "overlap", "containment", "substituted", "added", "same_order", "margin",
+                 "margin_known", "gap", "neighbours")
+
+
+def pair_features(a: Features, b: Features, similarity: float, margin: float | None = None,
+                  gap: float = 0.0, neighbours: int = 1) -> tuple[float, ...]:
+    """What the calibrated model reads of a candidate pair that passed every veto (PAIR_FEATURES).
+
+    `margin`: the cached retrieval's `top_margin` (None: unknown); `gap`: how far this candidate's
+    similarity is above the next one's (negative when another is closer); `neighbours`: how many
+    cached queries of the partition could have verified (the neighbourhood's density)."""
+    shared = a.content & b.content
+    longer = max(len(a.content), len(b.content))
+    order_a = [w for w in a.sequence if w in shared]
+    order_b = [w for w in b.sequence if w in shared]
+    known = margin is not None and math.isfinite(margin)
+    only_a, only_b = len(a.content - shared), len(b.content - shared)
+    return (float(similarity), content_overlap(a.content, b.content), len(shared) / longer if longer else 1.0,
+            float(min(only_a, only_b)), float(abs(only_a - only_b)), 1.0 if order_a == order_b else 0.0,
+            min(float(margin), 3.0) if known else 0.0, 1.0 if known else 0.0, float(gap),
+            math.log1p(max(0, neighbours)))
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """A logistic model of P(the candidate's evidence is right for the query | pair features), fitted
+    offline on labelled pairs (bench/fit_verifier.py); standardised inputs, so coefficients compare."""
+
+    names: tuple[str, ...]
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    coef: tuple[float, ...]
+    intercept: float
+
+    def p_wrong(self, x: Sequence[float]) -> float:
+        z = self.intercept + sum(c * (v - m) / s for c, v, m, s in zip(self.coef, x, self.mean, self.scale,
+                                                                        strict=True))
+        if z >= 0:
+            return math.exp(-z) / (1.0 + math.exp(-z))
+        return 1.0 / (1.0 + math.exp(z))

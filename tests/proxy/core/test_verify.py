@@ -185,3 +185,16 @@ def test_direction_by_meaning_and_role_swaps_are_near_misses(a: str, b: str, ref
 def test_the_same_direction_and_roles_in_other_words_pass_these_checks(a: str, b: str) -> None:
     assert check(a, b) not in ("direction", "role")
     assert check(b, a) not in ("direction", "role")
+
+
+# Found on the tuning domains (issue 33): a question that asks for something else ("how long" / "how
+# much") is a near miss whatever the words share; "onto" opens a target slot like "into".
+@pytest.mark.parametrize(("a", "b", "refused"), [
+    ("how long does express shipping to Japan take", "how much is express shipping to Japan", "question"),
+    ("how long is the flight from Madrid to Berlin", "how much luggage can I take flying from Madrid to Berlin",
+     "question"),
+    ("get files off the cloud drive onto my computer", "put files from my computer onto the cloud drive", "role"),
+])
+def test_what_a_question_asks_for_must_agree(a: str, b: str, refused: str) -> None:
+    assert verify(features(a), features(b), 0.9, intent_floor=0.25) == refused
+    assert verify(features(b), features(a), 0.9, intent_floor=0.25) == refused

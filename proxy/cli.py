@@ -81,6 +81,15 @@ def _cache_summary(settings: Any) -> list[str]:
            "header": "header (trusted gateway; a groups-only header is a principal, a repeated one a 400)",
            "jwt": "jwt (a repeated Authorization header is a 400)"}[identity.mode]
     lines = [f"evidence cache: identity {who}"]
+    if cache.embedder != "none":
+        from .cache.calibration import shipped
+
+        model = shipped() if cache.max_error < 1 else None
+        lines.append(f"  semantic hits: similarity >= {cache.similarity:g}, the vetoes, then "
+                     + (f"served when the estimated chance of a wrong hit is <= {cache.max_error:g} "
+                        f"(cache.max_error; the audit of {cache.audit_fraction:g} of hits tightens a route's "
+                        "bound when its live error rate drifts above it)" if model is not None else
+                        "the vetoes alone (cache.max_error 1, or no calibration shipped)"))
     for u in routes:
         scoped = u.cache.filters_by_caller if u.cache.filters_by_caller is not None else identity.mode != "none"
         bound = u.cache.max_staleness_s or cache.max_staleness_s

@@ -489,6 +489,10 @@ class CacheConfig:
     audit_fraction: float = 0.0  # share of semantic hits re-run upstream off the request path
     audit_target: float = 0.95  # agreement below this raises the partition's threshold
     audit_step: float = 0.02
+    # a semantic hit is served only when the calibrated model (proxy/data/cache_verifier.json) estimates
+    # its probability of being wrong at most this; the audit tightens a route's bound when its live error
+    # rate drifts above it. 1 turns the model off (the vetoes alone decide).
+    max_error: float = 0.01
     # an entry older than this is served only with its source's version confirmed within it (a probe,
     # a push through the admin API, a response carrying it); per source: upstreams[].cache.max_staleness_s
     max_staleness_s: float = 300.0
@@ -507,6 +511,10 @@ class CacheConfig:
         if not _finite(self.min_top_margin) or self.min_top_margin < 0:
             _bad(f"{where}.min_top_margin", self.min_top_margin,
                  "a number >= 0 (0 turns the ranking check off; default 0.25)")
+        if not _finite(self.max_error) or not 0 < self.max_error <= 1:
+            _bad(f"{where}.max_error", self.max_error,
+                 "a probability in (0, 1]: the largest estimated chance of a wrong semantic hit to serve "
+                 "(default 0.01; 1 serves on the vetoes alone)")
         if not 0 <= self.audit_fraction <= 1:
             _bad(f"{where}.audit_fraction", self.audit_fraction, "a fraction in [0, 1]")
         if not 0 < self.audit_target <= 1:

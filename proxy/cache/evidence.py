@@ -2,8 +2,9 @@
 
 No HTTP here: the stage turns an exchange into a `Query` (and its version probe into a callable),
 and the benchmark drives this class directly. Guarantees: no lookup crosses a partition; a semantic
-candidate is served only after `verify` passes and when its evidence's first result was not nearly
-tied (`min_top_margin`); nothing is served unless the principal's view is inside the one the entry
+candidate is served only after `verify` passes (the vetoes), when its evidence's first result was not
+nearly tied (`min_top_margin`) and, with a calibration, when its estimated probability of being wrong is
+at most the route's error bound (`cache.max_error`, tightened by the audit); nothing is served unless the principal's view is inside the one the entry
 was fetched under (when the upstream filters by caller) and the ACL decision (and the external
 check, when configured) allows every cached chunk; an entry older than its source's staleness
 bound is served only with the source's version confirmed within the bound. A duplicate of a
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from ..core.verify import features, top_margin, verify
+from ..core.verify import INTENT_FLOOR, Calibration, Features, features, pair_features, top_margin, verify
 from ..model import Principal
 from ..stores.evidence import Entry, EvidenceStore
 from . import acl
@@ -79,6 +80,7 @@ class Lookup:
     view: str | None = None  # the view rule a hit passed (acl.VIEW_*)
     freshness: str | None = None  # why a hit was fresh enough (FRESH_*)
     vector: np.ndarray | None = None
+    p_wrong: float | None = None  # the calibrated estimate of the last candidate judged
     seconds: float = 0.0
     wait: Flight | None = None  # a retrieval in flight this call may be served from: wait for it
     wait_tier: str = "exact"
@@ -122,8 +124,13 @@ class EvidenceCache:
                  authz: acl.ExternalAuthz | None = None, auditor: Auditor | None = None,
                  verify_candidates: bool = True, prefilter: bool = True, min_top_margin: float = 0.0,
                  max_staleness_s: float = MAX_STALENESS_S, staleness: Mapping[str, float] | None = None,
+                 calibration: Calibration | None = None, intent_floor: float | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        # the model of P(wrong) a verified candidate is judged by against the route's error bound
+        # (`auditor.bound`); None: the vetoes alone decide, with their own content-overlap floor
+        self.calibration = calibration
+        self.intent_floor = intent_floor if intent_floor is not None else INTENT_FLOOR
         # an entry whose first result led its own retrieval by less than this (`top_margin`) serves
         # exact hits only: a reworded query is likely to reorder a near tie
         self.min_top_margin = min_top_margin
@@ -224,7 +231,7 @@ class EvidenceCache:
         if self.prefilter:
             # only entries that could verify are compared: near misses that embed closer than a
             # paraphrase never crowd it out of the candidate list
-            keys, why = self._lex.candidates(pkey, mine, vocab)
+            keys, why = self._lex.candidates(pkey, mine, vocab, floor=self.intent_floor)
             if not keys:
                 lk.reason = why if lk.reason == "none" else lk.reason
                 return
@@ -237,13 +244,17 @@ class EvidenceCache:
             if lk.reason == "none":
                 lk.reason = "below_threshold"
             return
-        for sim, cand in found:
+        bound = await self.auditor.bound(lk.partition.source) if self.calibration is not None else 1.0
+        near = len(keys) if keys is not None else len(found)  # cached queries that could have verified
+        for i, (sim, cand) in enumerate(found):
             if cand.query == lk.norm and cand.scope == lk.scope:
                 continue  # the exact entry, already judged above
             if not serves_top_k(cand.top_k, q.top_k):
                 lk.reason = "top_k"
                 continue
-            refused = self._verify(lk, cand, sim, vocab, mine)
+            others = [s for j, (s, _) in enumerate(found) if j != i]
+            gap = sim - (max(others) if others else threshold)
+            refused = self._verify(lk, cand, sim, vocab, mine, gap=gap, near=near, bound=bound)
             if refused is not None:
                 lk.reason, lk.similarity = f"verify:{refused}", sim
                 continue
@@ -257,16 +268,29 @@ class EvidenceCache:
             lk.entry, lk.tier, lk.similarity = cand, "exact" if cand.query == lk.norm else "semantic", sim
             return
 
-    def _verify(self, lk: Lookup, cand: Entry, sim: float, vocab: frozenset[str], mine: Any = None) -> str | None:
-        """None if `cand`'s query may serve this one (verification and the ranking check); else why not."""
+    def _verify(self, lk: Lookup, cand: Entry, sim: float, vocab: frozenset[str], mine: Any = None, *,
+                gap: float | None = None, near: int = 1, bound: float = 1.0) -> str | None:
+        """None if `cand`'s query may serve this one (the vetoes, the ranking check, the error bound); else why not."""
         if cand.query == lk.norm or not self.verify_candidates:
             return None
         words = vocab | frozenset(cand.vocab) if cand.vocab else vocab
         ours = features(lk.norm, words) if cand.vocab or mine is None else mine
-        refused = verify(ours, features(cand.query, words), sim, words)
+        theirs = features(cand.query, words)
+        refused = verify(ours, theirs, sim, words, intent_floor=self.intent_floor)
         if refused is None and cand.margin is not None and cand.margin < self.min_top_margin:
             refused = "ranking"
+        if refused is None and self.calibration is not None:
+            refused = self._judge(lk, cand, ours, theirs, sim, sim - self.auditor.base if gap is None else gap,
+                                  near, bound)
         return refused
+
+    def _judge(self, lk: Lookup, cand: Entry, ours: Features, theirs: Features, sim: float, gap: float, near: int,
+               bound: float) -> str | None:
+        """The calibrated decision: "error_bound" when the estimated P(wrong) is above the route's bound."""
+        assert self.calibration is not None
+        p = self.calibration.p_wrong(pair_features(ours, theirs, sim, cand.margin, gap, near))
+        lk.p_wrong = p
+        return None if p <= bound else "error_bound"
 
     async def _servable(self, lk: Lookup, entry: Entry) -> str | None:
         """None if `entry` may be served to this lookup's principal now; else why not (view, ACL, authz, age)."""
@@ -325,7 +349,8 @@ class EvidenceCache:
         mine = features(lk.norm, vocab)
         threshold = await self.auditor.current(lk.partition.source)
         for f in flying:
-            if f.norm != lk.norm and verify(mine, features(f.norm, vocab), 1.0, vocab) is not None:
+            if f.norm != lk.norm and verify(mine, features(f.norm, vocab), 1.0, vocab,
+                                            intent_floor=self.intent_floor) is not None:
                 continue  # could never verify: not worth an embedding
             if lk.vector is None:
                 lk.vector = await self.embedder.embed(lk.norm)
@@ -347,8 +372,9 @@ class EvidenceCache:
             lk.reason = "top_k"
             return False
         if lk.wait_tier == "semantic":
+            bound = await self.auditor.bound(lk.partition.source) if self.calibration is not None else 1.0
             refused = self._verify(lk, entry, lk.wait_similarity, self._partition_vocab(lk.partition.key,
-                                                                                       lk.query.filters))
+                                                                                       lk.query.filters), bound=bound)
             if refused is not None:
                 lk.reason, lk.similarity = f"verify:{refused}", lk.wait_similarity
                 return False

@@ -43,9 +43,11 @@ class LexicalIndex:
             for w in words:
                 part.postings.get(w, set()).discard(old)
 
-    def candidates(self, pkey: str, mine: Features, vocab: frozenset[str], limit: int = 20) -> tuple[list[str], str]:
-        """Query keys of entries that pass verification against `mine` (similarity aside), most shared
-        content first; when there are none, the closest entry's refusal."""
+    def candidates(self, pkey: str, mine: Features, vocab: frozenset[str], limit: int = 20,
+                   floor: float = INTENT_FLOOR) -> tuple[list[str], str]:
+        """Query keys of entries that pass verification against `mine` (similarity aside) with at least
+        `floor` of their content words shared, most shared content first; when there are none, the
+        closest entry's refusal."""
         part = self._parts.get(pkey)
         if part is None:
             return [], "none"
@@ -61,9 +63,9 @@ class LexicalIndex:
         closest = ""
         passed: list[str] = []
         for overlap, q in scored:
-            if overlap < INTENT_FLOOR or len(passed) >= limit:
+            if overlap < floor or len(passed) >= limit:
                 break
-            refused = verify(mine, features(part.entries[q][0], vocab), 1.0, vocab)
+            refused = verify(mine, features(part.entries[q][0], vocab), 1.0, vocab, intent_floor=floor)
             if refused is None:
                 passed.append(q)
             else:

@@ -18,7 +18,7 @@ STOPWORDS = frozenset(["a", "an", "the", "of", "for", "in", "on", "at", "by", "w
 NEGATIONS = frozenset(["not", "no", "never", "without", "none", "neither", "nor", "cannot", "can't", "cant", "won't", "dont", "don't", "doesn't", "isn't", "aren't", "wasn't", "weren't", "excluding", "except", "unless", "non"])
 
 # Words that open a slot: the next content word is the source, the target or the comparand.
-ROLE_MARKERS = {"from": "from", "to": "to", "into": "to", "towards": "to", "toward": "to", "than": "than",
+ROLE_MARKERS = {"from": "from", "to": "to", "into": "to", "onto": "to", "towards": "to", "toward": "to", "than": "than",
                 "vs": "vs", "versus": "vs", "against": "vs"}
 
 NUMBER_WORDS = {
@@ -88,6 +88,7 @@ DIRECTIONS = _spread({
     "upload uploads uploading": "upload", "download downloads downloading": "download",
     "approve approved approval approving accept accepted grant granted allow allowed permit": "approve",
     "deny denied denial denying reject rejected rejection refuse refused decline declined block blocked": "deny",
+    "revoke revokes revoked revoking revocation": "deny",
     "enable enabled enabling activate activated turn-on": "enable",
     "disable disabled disabling deactivate deactivated turn-off": "disable",
     "add adding added create creating": "add", "remove removing removed delete deleting deleted": "remove",
@@ -112,6 +113,54 @@ DIRECTIONS = _spread({
     "new": "new", "existing current": "existing", "used": "used", "refurbished": "refurbished",
 })
 DIRECTIONS.pop("", None)
+
+# Direction by meaning (issue 33): verbs and particles that say which way something moves, read as
+# opposites. Unlike DIRECTIONS (which must be equal), a motion refuses only against its opposite:
+# "hand ownership to an admin" never serves "take ownership from an owner", "get a CSV into Boards"
+# never "get my board out as a CSV", "unsubscribe" never "subscribe"; a word on one side only is left
+# to the rest of verification.
+MOTIONS = _spread({
+    "give gives giving gave given hand hands handing handed lend lends lending lent": "give",
+    "take takes taking took taken claim claims claiming claimed reclaim reclaiming borrow borrows borrowing borrowed": "take",
+    "into onto": "in", "out off": "out",
+    "enter enters entering entered": "enter", "exit exits exiting exited": "exit",
+    "arrive arrives arriving arrival arrivals": "arrive", "depart departs departing departure departures": "depart",
+    "push pushes pushing pushed": "push", "pull pulls pulling pulled": "pull",
+    "attach attaches attaching attached": "attach", "detach detaches detaching detached": "detach",
+    "fire fires firing fired dismiss dismissing dismissed": "fire", "hire hires hiring hired recruit recruiting": "hire",
+    "promote promotes promoting promoted promotion": "promote", "demote demotes demoting demoted demotion": "demote",
+    "merge merges merging merged": "merge", "split splits splitting": "split",
+    "expand expands expanding expanded": "expand", "collapse collapses collapsing collapsed": "collapse",
+    "show shows showing shown unhide unhides unhiding": "show", "hide hides hiding hid hidden": "hide",
+    "maximize maximise maximizing": "maximize", "minimize minimise minimizing": "minimize",
+    "lock locks locking locked": "lock", "unlock unlocks unlocking unlocked": "unlock",
+})
+OPPOSITE_MOTIONS = {a: b for x, y in (("give", "take"), ("in", "out"), ("enter", "exit"), ("arrive", "depart"),
+                                      ("push", "pull"), ("attach", "detach"), ("hire", "fire"),
+                                      ("promote", "demote"), ("merge", "split"), ("expand", "collapse"),
+                                      ("show", "hide"), ("maximize", "minimize"), ("lock", "unlock"))
+                    for a, b in ((x, y), (y, x))}
+# What a question asks for (issue 33): "how long does express shipping take" is not "how much is express
+# shipping", whatever their words share. A query with no such word asks for nothing in particular.
+QUESTION_FOCUS = {"how long": "time", "how soon": "time", "when": "time", "how much": "quantity",
+                  "how many": "quantity", "how often": "frequency", "how far": "distance", "how old": "age",
+                  "where": "place", "who": "person", "whom": "person", "why": "reason"}
+
+# Verbs a prefix reverses: "unsubscribe", "unarchive", "disconnect", "deselect" are the opposite of the
+# bare verb (motion "v:subscribe" against "un:subscribe").
+REVERSIBLE = frozenset(["block", "subscribe", "archive", "share", "pin", "follow", "mute", "link", "assign",
+                        "publish", "mount", "pack", "zip", "freeze", "suspend", "select", "tag", "star", "flag",
+                        "watch", "connect", "allow", "approve", "register", "enroll", "enrol", "list", "friend",
+                        "verify", "load", "mark", "check", "delete", "sync", "install", "favorite", "favourite",
+                        "bookmark", "group", "authorize", "authorise", "trust", "hide"])
+REVERSING_PREFIXES = ("un", "dis", "de")
+# A particle after one of these verbs says which way: "log in" / "log out", "opt in" / "opt out",
+# "put someone on the team" / "take someone off it"; "turn on" / "switch off" enable and disable.
+PHRASAL_VERBS = frozenset(["log", "logged", "logging", "sign", "signed", "signing", "opt", "opted", "opting",
+                           "check", "checked", "checking", "plug", "plugged", "let", "bring", "brought", "put",
+                           "move", "moved", "moving", "clock", "clocked", "punch", "dial", "zoom", "cash",
+                           "hand", "turn", "turned", "switch", "switched", "kick", "kicked", "carry", "roll"])
+SWITCH_VERBS = frozenset(["turn", "turned", "turning", "switch", "switched", "switching", "toggle"])
 
 # Paraphrase-neutral synonyms: different words, same retrieval intent.
 SYNONYMS = _spread({

@@ -43,6 +43,11 @@ class Features:
     # each connective (to, from, vs, than, before, after) with the values before and after it, up to
     # the connectives next to it: "from monthly to annual" has ("to", {monthly}, {annual})
     order: tuple[tuple[str, frozenset[str], frozenset[str]], ...] = ()
+    # verbs and particles of direction (lexicon.MOTIONS, un-/dis-/de- reversals): refused against their opposite
+    motions: frozenset[str] = frozenset()
+    # content words and direction poles in order: who does what to whom ("owner ... to admin")
+    spine: tuple[str, ...] = ()
+    focus: frozenset[str] = frozenset()  # what the question asks for (lexicon.QUESTION_FOCUS)
 
 
 def stem(word: str) -> str:
@@ -97,6 +102,9 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
     units: set[str] = set()
     dates: set[str] = set()
     directions: set[str] = set()
+    motions: set[str] = set()
+    focus: set[str] = set()
+    spine: list[str] = []
     entities: set[str] = set()
     sequence: list[str] = []  # the content words, in order
     roles: list[tuple[str, str]] = []
@@ -126,6 +134,9 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
 
     for i, tok in enumerate(raw_tokens):
         low = tok.casefold().replace("’", "'")
+        asked = lx.QUESTION_FOCUS.get(f"{prev_lower} {low}" if prev_lower == "how" else low)
+        if asked is not None:
+            focus.add(asked)
         m = _NUMERIC.match(low)
         if m:
             number, pct, unit = m.groups()
@@ -161,6 +172,8 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
             continue
         if low in lx.ROLE_MARKERS:
             group = lx.ROLE_MARKERS[low]
+            if low in lx.MOTIONS:
+                motions.add(lx.MOTIONS[low])  # "into" Boards, not "out of" it
             if group == "to":
                 _implicit_source(roles, adjacent)  # "Tokyo to Sydney": Tokyo is the source
             elif group == "than" and last_content is not None:
@@ -171,6 +184,12 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
             continue
         last_content = None
         c = canon(low)
+        motion = _motion(low, prev_lower)
+        if motion is not None:
+            motions.add(motion)
+            spine.append(motion)
+            if motion in ("enable", "disable"):  # "turn on" / "switch off"
+                directions.add(motion)
         if low in lx.NUMBER_WORDS:
             numbers.add(lx.NUMBER_WORDS[low])
             value(lx.NUMBER_WORDS[low])
@@ -197,6 +216,7 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
         if low in lx.DIRECTIONS or c in lx.DIRECTIONS:
             pole = lx.DIRECTIONS.get(low) or lx.DIRECTIONS[c]
             directions.add(pole)
+            spine.append(pole)
             if low in ("before", "after"):
                 connective(low)  # "A before B" != "B before A"
             prev_lower = low
@@ -206,6 +226,7 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
             adjacent = None
             continue
         sequence.append(c)
+        spine.append(c)
         last_content = c
         value(c)
         if c in lx.GAZETTEER or c in vocab_set or (c not in lx.SYNONYM_TARGETS and _looks_like_name(tok, i, raw_tokens)):
@@ -213,7 +234,7 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
     order = tuple((group, frozenset(segments[k]), frozenset(segments[k + 1])) for k, group in enumerate(links))
     return Features(quoted, frozenset(numbers), frozenset(units), frozenset(dates), negated,
                     frozenset(directions), tuple(sorted(set(roles))), frozenset(entities), frozenset(sequence),
-                    tuple(sequence), order)
+                    tuple(sequence), order, frozenset(motions), tuple(spine), frozenset(focus))
 
 
 def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (),
@@ -229,14 +250,18 @@ def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (
         return "date"
     if a.negated != b.negated:
         return "negation"
-    if a.directions != b.directions:
+    if a.directions != b.directions or _motions_oppose(a.motions, b.motions):
         return "direction"
     if _roles_conflict(a.roles, b.roles):
         return "role"
     if _order_conflict(a.order, b.order):
         return "order"
+    if _role_swap(a.spine, b.spine):
+        return "role"
     if a.entities != b.entities:
         return "entity"
+    if a.focus and b.focus and a.focus != b.focus:
+        return "question"
     changed = a.content ^ b.content
     if changed & _canon_set(vocab if isinstance(vocab, frozenset) else frozenset(vocab)):
         return "filter"
@@ -316,6 +341,69 @@ def _order_conflict(a: tuple[tuple[str, frozenset[str], frozenset[str]], ...],
     return False
 
 
+def _motion(low: str, prev: str) -> str | None:
+    """The direction a verb or particle gives (lexicon.MOTIONS), None for most words."""
+    if prev in lx.SWITCH_VERBS and low in ("on", "off"):
+        return "enable" if low == "on" else "disable"
+    if low in ("in", "on") and prev in lx.PHRASAL_VERBS:
+        return "in"  # "log in", "put someone on the team"
+    if low in lx.MOTIONS:
+        return lx.MOTIONS[low]
+    root = _root(low)
+    if root in _REVERSIBLE:
+        return "v:" + _REVERSIBLE[root]
+    for prefix in lx.REVERSING_PREFIXES:
+        if low.startswith(prefix) and _root(low[len(prefix):]) in _REVERSIBLE:
+            return "un:" + _REVERSIBLE[_root(low[len(prefix):])]
+    return None
+
+
+def _root(word: str) -> str:
+    for suffix in ("ing", "ed", "es", "s", "e"):
+        if word.endswith(suffix) and len(word) > len(suffix) + 2:
+            return word[: -len(suffix)]
+    return word
+
+
+_REVERSIBLE = {_root(w): w for w in lx.REVERSIBLE}
+
+
+def _motions_oppose(a: frozenset[str], b: frozenset[str]) -> bool:
+    """One query moves a way the other moves against: "into" / "out", "hand" / "take", "block" / "unblock".
+    Only what one query says and the other does not counts ("unblock a sender I blocked" vs "unblock")."""
+    only_a, only_b = a - b, b - a
+    if not only_a or not only_b:
+        return False
+    return any(_opposite(m) in only_b for m in only_a)
+
+
+def _opposite(motion: str) -> str:
+    if motion.startswith("v:"):
+        return "un:" + motion[2:]
+    if motion.startswith("un:"):
+        return "v:" + motion[3:]
+    return lx.OPPOSITE_MOTIONS.get(motion, "")
+
+
+def _role_swap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
+    """Who does what to whom, swapped: of the words both queries have, two trade places and nothing else
+    moves, with a shared word between them and one outside them ("how does the owner invite an admin to
+    the workspace" / "how does an admin invite the owner to the workspace", "a manager rates an employee
+    in a review" / "an employee rates a manager in a review"). A rewording reverses or reorders more
+    ("Paris to London flight baggage rules" / "baggage allowance on flights from Paris to London")."""
+    sa = [w for w in a if a.count(w) == 1 and b.count(w) == 1 and w not in _PARTICLES]
+    shared = set(sa)
+    sb = [w for w in b if w in shared]
+    diff = [i for i, (x, y) in enumerate(zip(sa, sb, strict=True)) if x != y]
+    if len(diff) != 2:
+        return False
+    i, j = diff
+    return sa[i] == sb[j] and sa[j] == sb[i] and j - i >= 2 and len(sa) > j - i + 1
+
+
+_PARTICLES = frozenset(["in", "on", "off", "out", "up", "down", "over", "under"])
+
+
 def _implicit_source(roles: list[tuple[str, str]], word: str | None) -> None:
     if word is not None and not any(w == word for w, _ in roles):
         roles.append((word, "from"))
@@ -347,3 +435,47 @@ def _looks_like_name(tok: str, i: int, tokens: list[str]) -> bool:
     if tok[0].isupper() and i > 0 and tokens[i - 1] not in (".", "?", "!"):
         return not tok[1:].islower() or tok.casefold() not in lx.STOPWORDS
     return any(ch.isupper() for ch in tok[1:])  # iPhone, PostgreSQL
+
+
+# --- the serve decision beyond the vetoes: a calibrated estimate of P(wrong) --------------------------
+
+PAIR_FEATURES = ("similarity", "overlap", "containment", "substituted", "added", "same_order", "margin",
+                 "margin_known", "gap", "neighbours")
+
+
+def pair_features(a: Features, b: Features, similarity: float, margin: float | None = None,
+                  gap: float = 0.0, neighbours: int = 1) -> tuple[float, ...]:
+    """What the calibrated model reads of a candidate pair that passed every veto (PAIR_FEATURES).
+
+    `margin`: the cached retrieval's `top_margin` (None: unknown); `gap`: how far this candidate's
+    similarity is above the next one's (negative when another is closer); `neighbours`: how many
+    cached queries of the partition could have verified (the neighbourhood's density)."""
+    shared = a.content & b.content
+    longer = max(len(a.content), len(b.content))
+    order_a = [w for w in a.sequence if w in shared]
+    order_b = [w for w in b.sequence if w in shared]
+    known = margin is not None and math.isfinite(margin)
+    only_a, only_b = len(a.content - shared), len(b.content - shared)
+    return (float(similarity), content_overlap(a.content, b.content), len(shared) / longer if longer else 1.0,
+            float(min(only_a, only_b)), float(abs(only_a - only_b)), 1.0 if order_a == order_b else 0.0,
+            min(float(margin), 3.0) if known else 0.0, 1.0 if known else 0.0, float(gap),
+            math.log1p(max(0, neighbours)))
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """A logistic model of P(the candidate's evidence is right for the query | pair features), fitted
+    offline on labelled pairs (bench/fit_verifier.py); standardised inputs, so coefficients compare."""
+
+    names: tuple[str, ...]
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    coef: tuple[float, ...]
+    intercept: float
+
+    def p_wrong(self, x: Sequence[float]) -> float:
+        z = self.intercept + sum(c * (v - m) / s for c, v, m, s in zip(self.coef, x, self.mean, self.scale,
+                                                                        strict=True))
+        if z >= 0:
+            return math.exp(-z) / (1.0 + math.exp(-z))
+        return 1.0 / (1.0 + math.exp(z))

@@ -26,7 +26,7 @@ from opentelemetry import metrics, trace
 from ragtoll.instrumentation import semconv as sc
 
 from ..adapters.fields import get_path
-from ..cache import acl
+from ..cache import acl, calibration
 from ..cache.audit import Auditor, compare
 from ..cache.embedders import Embedder, make_embedder
 from ..cache.evidence import EvidenceCache, Filing, Lookup, Query, age_of
@@ -85,6 +85,12 @@ class CacheStage(Stage):
         meter = (meter_provider or metrics.get_meter_provider()).get_meter("ragtoll.proxy.cache")
         self._audits = meter.create_counter(sc.METRIC_CACHE_AUDITS, unit="{audit}",
                                             description="Semantic hits re-run upstream, by agreement")
+        self._audit_error = meter.create_gauge(sc.METRIC_CACHE_AUDIT_ERROR_RATE, unit="1",
+                                               description="Live error rate of semantic hits by route, over "
+                                                           "this replica's recent audits")
+        self._max_error = meter.create_gauge(sc.METRIC_CACHE_MAX_ERROR, unit="1",
+                                             description="The error bound semantic hits are served under, by "
+                                                         "route (cache.max_error, tightened by the audit)")
         self._background: set[asyncio.Task[None]] = set()
         # misses whose evidence is still to be filed: the response can reach the client before
         # `on_end` has stored it (tests and drains wait for zero)
@@ -331,6 +337,8 @@ class CacheStage(Stage):
         if ex.span is None:
             return
         attrs: dict[str, Any] = {sc.CACHE_VERSION: lk.partition.version}
+        if lk.p_wrong is not None:  # the calibrated estimate of the last semantic candidate judged
+            attrs[sc.CACHE_P_WRONG] = round(lk.p_wrong, 4)
         if lk.entry is not None:
             attrs[sc.CACHE_VIEW] = lk.view or acl.view_rule(lk.entry.scope, lk.entry.owner)
             attrs[sc.CACHE_FRESHNESS] = lk.freshness or ""
@@ -370,9 +378,14 @@ class CacheStage(Stage):
                                          sc.CACHE_AUDIT_OVERLAP: round(result.overlap, 4),
                                          sc.CACHE_AUDIT_AGREES: result.agrees,
                                          sc.CACHE_SIMILARITY: round(hit.similarity, 4),
-                                         sc.CACHE_THRESHOLD: raised or self.auditor.threshold(lk.partition.source)}
+                                         sc.CACHE_THRESHOLD: raised or self.auditor.threshold(lk.partition.source),
+                                         sc.CACHE_MAX_ERROR: self.auditor.bound_now(lk.partition.source)}
                 span.add_event(sc.EVENT_CACHE_AUDIT, attrs)
                 self._audits.add(1, {sc.CACHE_AUDIT_AGREES: result.agrees, sc.UPSTREAM: ex.route.upstream.name})
+                rate, _ = self.auditor.error_rate(lk.partition.source)
+                route = {sc.UPSTREAM: ex.route.upstream.name}
+                self._audit_error.set(rate, route)
+                self._max_error.set(self.auditor.bound_now(lk.partition.source), route)
             except Exception as exc:  # noqa: BLE001 - an audit failure only costs the sample
                 span.record_exception(exc)
 
@@ -407,7 +420,8 @@ def evidence_cache(settings: Settings, store: EvidenceStore, client: UpstreamCli
     return EvidenceCache(store, embedder=embedder, versions=Versions(store, cfg.sources, now=clock),
                          similarity=cfg.similarity, candidates=cfg.candidates, ttl_s=cfg.ttl_s, public=cfg.acl_public,
                          authz=authz, auditor=Auditor(cfg.audit_fraction, cfg.similarity, cfg.audit_target,
-                                                      cfg.audit_step),
+                                                      cfg.audit_step, max_error=cfg.max_error),
+                         calibration=calibration.shipped() if cfg.max_error < 1 else None,
                          min_top_margin=cfg.min_top_margin, max_staleness_s=cfg.max_staleness_s, staleness=staleness,
                          clock=clock)
 

@@ -94,6 +94,8 @@ def test_env_overrides_a_file(tmp_path: Path) -> None:
     ("budgets: {classes: {simple_fact: ghost}}", "Config 'budgets.classes.simple_fact' has value 'ghost'"),
     ("telemetry: {capture_content: 'yes'}", "Expected true or false"),
     ("cache: {embedder: 'upstream:nope'}", "Config 'cache.embedder'"),
+    ("cache: {max_error: 0}", "Config 'cache.max_error' has value 0.0. Expected a probability in (0, 1]"),
+    ("cache: {max_error: 1.5}", "Config 'cache.max_error' has value 1.5"),
     ("- just\n- a list\n", "must hold a mapping at the top"),
     ("a: [unclosed", "is not valid YAML"),
     ("budgets: {default_profile: p, profiles: {p: {escalate_to: nope}}}",

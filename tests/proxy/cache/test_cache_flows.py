@@ -332,3 +332,41 @@ async def test_entries_filed_as_shared_are_not_served_once_the_upstream_filters_
     await cache.store_evidence(lk, chunk_ids=["a"], acls=[("staff",)], body=b"{}")
     scoped = await cache.lookup(Query("docs", "q", None, 5, ALICE, scoped=True))
     assert not scoped.hit and scoped.reason == "view:unknown"
+
+
+# Issue 33: the audit estimates each route's live error rate and tightens the route's error bound when
+# it drifts above `max_error`; the tightened bound is kept in the store, so every replica serves under it.
+async def test_audits_tighten_the_error_bound_when_the_live_error_rate_drifts_above_it() -> None:
+    store = MemoryEvidenceStore()
+    clock = Clock()
+    auditor = Auditor(1.0, 0.85, target=0.0, store=store, clock=clock, max_error=0.02)
+    assert await auditor.bound("s") == pytest.approx(0.02)
+    for _ in range(30):  # agreeing audits: the bound holds
+        await auditor.record("s", compare(["a"], ["a"], 1))
+    assert await auditor.bound("s") == pytest.approx(0.02) and auditor.error_rate("s") == (0.0, 30)
+    for _ in range(2):  # 2 of 32 wrong: the rate's lower 95% bound (1.7%) is still under 2%
+        await auditor.record("s", compare(["a"], ["b"], 1))
+    assert await auditor.bound("s") == pytest.approx(0.02)
+    await auditor.record("s", compare(["a"], ["b"], 1))  # 3 of 33: its lower bound (3.1%) is above: halved
+    assert await auditor.bound("s") == pytest.approx(0.01)
+    assert auditor.error_rate("s") == (0.0, 0)  # the tighter bound is judged on fresh audits
+    other = Auditor(0.0, 0.85, store=store, clock=clock, max_error=0.02)  # another replica on the store
+    assert await other.bound("s") == pytest.approx(0.01) and await other.bound("t") == pytest.approx(0.02)
+    assert auditor.threshold("s") == 0.85  # the similarity threshold is a separate matter (target 0 here)
+
+
+async def test_a_candidate_over_the_error_bound_is_refused_and_says_why(model: LocalModel) -> None:
+    from ragtoll.proxy.core.verify import PAIR_FEATURES, Calibration
+
+    n = len(PAIR_FEATURES)
+    # a model that gives every candidate a 50% chance of being wrong, and one that trusts every candidate
+    coin = Calibration(PAIR_FEATURES, (0.0,) * n, (1.0,) * n, (0.0,) * n, 0.0)
+    sure = Calibration(PAIR_FEATURES, (0.0,) * n, (1.0,) * n, (0.0,) * n, 20.0)
+    for calibration, served in ((coin, False), (sure, True)):
+        cache = make(model, calibration=calibration, auditor=Auditor(0.0, 0.85, max_error=0.1))
+        await fill(cache, "refund window for annual pro plans", ["a"])
+        lk = await ask(cache, "refund window for yearly pro plans")
+        assert lk.hit is served and lk.p_wrong == pytest.approx(0.5 if not served else 0.0, abs=1e-6)
+        if not served:
+            assert lk.reason == "verify:error_bound"
+        assert (await ask(cache, "refund window for annual pro plans")).hit  # the exact tier is never judged

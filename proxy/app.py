@@ -125,7 +125,7 @@ class RagtollApp:
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         """Every resource is made here, once, and passed down: the upstream client (the forwarder's
         and the cache's), the stores (one store client for budgets, cache and audit), the stages."""
-        client = UpstreamClient(self.settings.upstreams, tracer_provider=self.tracer_provider)
+        client = UpstreamClient(self.settings.upstreams)
         stores = self.stores = open_stores(self.settings)
         # Build the token encodings now, not on the first LLM call (about 0.3 s).
         await asyncio.get_running_loop().run_in_executor(None, tokens.warm)

@@ -624,6 +624,9 @@ class TelemetryConfig:
     capture_content: bool = False
     content_max_chars: int = 2048
     service_name: str = "ragtoll"
+    # process: spans are encoded and sent by a child process (instrumentation/export.py); thread: by
+    # the SDK's batch thread in ragtoll's own process, which then holds its GIL while encoding
+    export: Literal["process", "thread"] = "process"
 
     def validate(self, where: str) -> None:
         if self.content_max_chars < 0:

@@ -19,7 +19,7 @@ from typing import Any
 from opentelemetry import metrics, trace
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.instrumentation.metrics import Metrics, PrometheusReader, render_prometheus
-from ragtoll.instrumentation.task_span import emit_task_span
+from ragtoll.instrumentation.task_span import emit_task_span, root_sampled
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -141,7 +141,7 @@ class RagtollApp:
         stages = build_stages(self.settings, stores=stores, cache=self.cache, env=self.env, ender=ender,
                               principal=principal)
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.tracer,
-                                 on_end=self._record_call)
+                                 on_end=self._record_call, root_sampled=root_sampled(self.tracer_provider))
         ender.listeners.append(self._task_ended)
         task_stages = [s for s in stages if type(s).on_task_end is not Stage.on_task_end]
         ender.listeners.append(lambda record: _forget(task_stages, str(record.get("task_id"))))

@@ -1,6 +1,7 @@
 """Run `ragtoll serve` with probes that explain its tail, and write what they saw to a JSON file at exit:
 
     python bench/tail_probe.py OUT.json serve --config ragtoll.yaml
+    TAIL_PROBE_GC=10000/10/10 python bench/tail_probe.py ...   # with these GC thresholds instead
 
   * event-loop lag: a task on ragtoll's loop sleeps 1 ms at a time and records how late it wakes;
   * GC: every collection's generation and pause (gc.callbacks), and which thread ran it;
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
 import sys
 import threading
 import time
@@ -29,20 +31,23 @@ LATE_MS = 2.0
 class Probe:
     def __init__(self) -> None:
         self.lags: list[tuple[float, float]] = []  # (wake time, lag ms)
-        self.gcs: list[tuple[float, float, int, str]] = []  # (start, end, generation, thread)
+        self.gcs: list[tuple[float, float, int, str, float]] = []  # (start, end, generation, thread, CPU s)
         self.exports: list[tuple[float, float, int, float]] = []  # (start, end, spans, thread CPU s)
         self.sweeps: list[tuple[float, float, int]] = []
-        self._gc_start: dict[int, float] = {}
+        self.calls = 0  # proxied calls handled
+        self._gc_start: dict[int, tuple[float, float]] = {}
 
     def on_gc(self, phase: str, info: dict[str, Any]) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.thread_time()
         tid = threading.get_ident()
         if phase == "start":
-            self._gc_start[tid] = now
+            self._gc_start[tid] = (now, cpu)
         elif tid in self._gc_start:
-            self.gcs.append((self._gc_start.pop(tid), now, info["generation"], threading.current_thread().name))
+            start, cpu0 = self._gc_start.pop(tid)
+            self.gcs.append((start, now, info["generation"], threading.current_thread().name, cpu - cpu0))
 
     async def watch_loop(self) -> None:
+        await asyncio.sleep(5.0)  # start-up (the lifespan's work) is not the tail being looked for
         while True:
             t0 = time.perf_counter()
             await asyncio.sleep(0.001)
@@ -60,8 +65,8 @@ class Probe:
         def overlaps(start: float, end: float, spans: list[Interval]) -> bool:
             return any(s < end and e > start for s, e in spans)
 
-        gc_main = [(s, e) for s, e, _, th in self.gcs if th == "MainThread"]
-        gc_any = [(s, e) for s, e, _, _ in self.gcs]
+        gc_main = [(s, e) for s, e, _, th, _ in self.gcs if th == "MainThread"]
+        gc_any = [(s, e) for s, e, *_ in self.gcs]
         exports = [(s, e) for s, e, _, _ in self.exports]
         sweeps = [(s, e) for s, e, _ in self.sweeps]
         causes = {"gc (main thread)": 0, "gc (another thread)": 0, "span export": 0, "task sweep": 0, "none of these": 0}
@@ -76,10 +81,13 @@ class Probe:
             causes[cause] += 1
             late_ms[cause] += lag
         return {
+            "calls": self.calls,
+            "gc_collections": {f"gen{g}": sum(1 for _, _, gen, *_ in self.gcs if gen == g) for g in (0, 1, 2)},
             "loop_lag_ms": pcts([lag for _, lag in self.lags]),
             f"late_wakeups_over_{LATE_MS:g}ms": {k: {"count": causes[k], "lag_ms": round(late_ms[k], 1)} for k in causes},
-            "gc_pause_ms": {f"gen{g}": pcts([(e - s) * 1000 for s, e, gen, _ in self.gcs if gen == g]) for g in (0, 1, 2)},
-            "gc_threads": sorted({th for *_, th in self.gcs}),
+            "gc_pause_ms": {f"gen{g}": pcts([(e - s) * 1000 for s, e, gen, *_ in self.gcs if gen == g]) for g in (0, 1, 2)},
+            "gc_pause_cpu_ms": {f"gen{g}": pcts([c * 1000 for _, _, gen, _, c in self.gcs if gen == g]) for g in (0, 1, 2)},
+            "gc_threads": sorted({th for _, _, _, th, _ in self.gcs}),
             "export_batches": {"spans": pcts([float(n) for _, _, n, _ in self.exports]),
                                "wall_ms": pcts([(e - s) * 1000 for s, e, _, _ in self.exports]),
                                "thread_cpu_ms": pcts([c * 1000 for *_, c in self.exports])},
@@ -91,6 +99,7 @@ class Probe:
 def install(probe: Probe) -> None:
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     from ragtoll.proxy import server
+    from ragtoll.proxy.request.pipeline import Pipeline
     from ragtoll.proxy.tasks.records import TaskEnder
 
     gc.callbacks.append(probe.on_gc)
@@ -113,6 +122,13 @@ def install(probe: Probe) -> None:
         return n
 
     TaskEnder.sweep = timed_sweep  # type: ignore[method-assign]
+    handle = Pipeline.handle
+
+    async def counted_handle(self: Any, *args: Any) -> None:
+        probe.calls += 1
+        await handle(self, *args)
+
+    Pipeline.handle = counted_handle  # type: ignore[method-assign]
     serve = server.serve
 
     async def watched_serve(*args: Any, **kwargs: Any) -> None:
@@ -127,6 +143,8 @@ def install(probe: Probe) -> None:
 
 def main() -> int:
     out = Path(sys.argv[1])
+    if os.environ.get("TAIL_PROBE_GC"):
+        gc.set_threshold(*(int(x) for x in os.environ["TAIL_PROBE_GC"].split("/")))
     probe = Probe()
     install(probe)
     from ragtoll.proxy.cli import main as cli

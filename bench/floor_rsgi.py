@@ -14,10 +14,8 @@ class Floor:
         self.client: Any = None
 
     def __rsgi_init__(self, loop: Any) -> None:
+        # made once the worker's loop exists; left to the process's exit, as the benchmark stops it
         self.client = http.AsyncClient(base_url=UPSTREAM, timeout=30, **transport_options())
-
-    def __rsgi_del__(self, loop: Any) -> None:
-        loop.run_until_complete(self.client.aclose())
 
     async def __rsgi__(self, scope: Any, proto: Any) -> None:
         body = await proto()

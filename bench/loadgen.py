@@ -88,8 +88,11 @@ class Conn:
         request sent once more, timed from the second send."""
         assert self.reader is not None and self.writer is not None
         t0 = time.perf_counter()
-        self.writer.write(payload)
-        line = await self.reader.readline()
+        try:
+            self.writer.write(payload)
+            line = await self.reader.readline()
+        except ConnectionError:
+            line = b""
         if not line:
             await self.close()
             await self.open()

@@ -27,13 +27,16 @@ HOP = {"connection", "keep-alive", "transfer-encoding", "host", "te", "upgrade",
 state: dict[str, Any] = {}
 
 
+def transport_options() -> dict[str, Any]:
+    if ENGINE != "aiohttp":
+        return {}
+    transports = importlib.import_module("httpx_aiohttp" if MODULE == "httpx" else "httpx_aiohttp.httpx2")
+    return {"transport": transports.AiohttpTransport()}
+
+
 @contextlib.asynccontextmanager
 async def lifespan(app: Starlette) -> AsyncIterator[None]:
-    options: dict[str, Any] = {}
-    if ENGINE == "aiohttp":
-        transports = importlib.import_module("httpx_aiohttp" if MODULE == "httpx" else "httpx_aiohttp.httpx2")
-        options["transport"] = transports.AiohttpTransport()
-    state["client"] = http.AsyncClient(base_url=UPSTREAM, timeout=30, **options)
+    state["client"] = http.AsyncClient(base_url=UPSTREAM, timeout=30, **transport_options())
     yield
     await state["client"].aclose()
 

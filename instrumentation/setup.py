@@ -1,7 +1,9 @@
 """Tracer and meter providers from the standard `OTEL_*` variables.
 
 With no exporter configured nothing is exported and nothing errors. OTLP over HTTP/protobuf is the
-default protocol; `OTEL_EXPORTER_OTLP_PROTOCOL=grpc` switches to gRPC. Jaeger ingests either.
+default protocol; `OTEL_EXPORTER_OTLP_PROTOCOL=grpc` switches to gRPC. Jaeger ingests either. Spans
+are exported from a child process by default (export.py: `telemetry.export: process`), or from the
+SDK's batch thread in this process (`thread`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from opentelemetry.sdk.resources import OTELResourceDetector, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 
+from .export import ProcessSpanExporter
+
 DEFAULT_EXPORT_BATCH = 64
 DEFAULT_EXPORT_DELAY_MS = 200
+EXPORT_MODES = ("process", "thread")
 
 
 def _enabled(env: Mapping[str, str], signal: str) -> bool:
@@ -74,13 +79,21 @@ def span_exporter(env: Mapping[str, str]) -> SpanExporter | None:
     return HttpExporter(endpoint=_endpoint(env, "traces", grpc=False))
 
 
-def tracer_provider(env: Mapping[str, str], service_name: str = "ragtoll") -> TracerProvider:
+def tracer_provider(env: Mapping[str, str], service_name: str = "ragtoll", *, export: str = "thread"
+                    ) -> TracerProvider:
+    """The provider, with a batch processor when an exporter is configured. `export`: `thread` (the
+    default, `telemetry.export`) encodes and sends on the SDK's batch thread here, holding this
+    process's GIL while it encodes; `process` hands each batch to a child process that encodes and
+    sends it (export.py)."""
+    if export not in EXPORT_MODES:
+        raise ValueError(f"export must be one of {EXPORT_MODES}, not {export!r}")
     provider = TracerProvider(resource=_resource(env, service_name))
-    exporter = span_exporter(env)
+    exporter = span_exporter(env) if export == "thread" or not _enabled(env, "traces") else \
+        ProcessSpanExporter(env, provider.resource)
     if exporter is not None:
-        # Encoding a batch holds the GIL: the SDK's 512-span batches every 5 s stall requests for
-        # ~5 ms at p99 (bench/bench_proxy.py); 64-span batches every 200 ms keep stalls near 1 ms.
-        # The standard OTEL_BSP_* variables still win.
+        # Small batches often: whatever this process does per batch (encoding in `thread` mode,
+        # copying in `process` mode) holds the GIL, and the SDK's 512-span batches every 5 s stalled
+        # requests for ~5 ms at p99 (bench/bench_proxy.py). The standard OTEL_BSP_* variables still win.
         batch = None if "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" in env else DEFAULT_EXPORT_BATCH
         delay = None if "OTEL_BSP_SCHEDULE_DELAY" in env else DEFAULT_EXPORT_DELAY_MS
         provider.add_span_processor(BatchSpanProcessor(exporter, max_export_batch_size=batch,

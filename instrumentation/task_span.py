@@ -17,10 +17,11 @@ from __future__ import annotations
 import contextvars
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
@@ -82,6 +83,22 @@ def _tracer(tracer_provider: trace.TracerProvider) -> tuple[trace.Tracer, bool]:
         return found
 
 
+def root_sampled(tracer_provider: trace.TracerProvider) -> Callable[[int], bool]:
+    """Whether the provider's sampler keeps a root span of the trace `trace_id`: the sampling flag of a
+    task's virtual root (proxy/request/pipeline.py). The task span is such a root, so with a trace-id
+    ratio sampler (`OTEL_TRACES_SAMPLER=parentbased_traceidratio`) a task's calls and its summary are
+    kept or dropped together, on every replica. A provider without a sampler (not the SDK's) keeps all."""
+    sampler = getattr(tracer_provider, "sampler", None)
+    if sampler is None:
+        return lambda _trace_id: True
+    no_parent = Context()  # not the caller's current context: the virtual root has no parent
+
+    def sampled(trace_id: int) -> bool:
+        return bool(sampler.should_sample(no_parent, trace_id, sc.TASK_SPAN).decision.is_sampled())
+
+    return sampled
+
+
 def emit_task_span(
     tracer_provider: trace.TracerProvider,
     task_id: str,
@@ -102,8 +119,8 @@ def emit_task_span(
     * Tasks named by a caller's traceparent: pass the caller's span as `parent_span_id`; the span
       is its child (`root_span_id` None lets the SDK choose, or pin one).
     `start_ns`/`end_ns` are epoch nanoseconds (first call start, task end). `error` marks the span
-    failed (e.g. "budget exceeded: max_steps"). Sampling is the provider's: a parent-based sampler
-    keeps it exactly when the task's calls were kept.
+    failed (e.g. "budget exceeded: max_steps"). Sampling is the provider's: for a named task the
+    span is a root, decided as `root_sampled` decided the calls' virtual root.
     """
     tracer, pinnable = _tracer(tracer_provider)
     ctx = None

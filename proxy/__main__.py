@@ -2,4 +2,7 @@
 
 from .cli import main
 
-raise SystemExit(main())
+# guarded: the span export process (instrumentation/export.py) is spawned, and a spawned child
+# imports the parent's main module again
+if __name__ == "__main__":
+    raise SystemExit(main())

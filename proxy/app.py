@@ -18,7 +18,7 @@ from typing import Any
 from opentelemetry import metrics, trace
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.instrumentation.metrics import Metrics, PrometheusReader, render_prometheus
-from ragtoll.instrumentation.task_span import emit_task_span
+from ragtoll.instrumentation.task_span import emit_task_span, root_sampled
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -125,7 +125,7 @@ class RagtollApp:
     async def lifespan(self, _app: Starlette) -> AsyncIterator[None]:
         """Every resource is made here, once, and passed down: the upstream client (the forwarder's
         and the cache's), the stores (one store client for budgets, cache and audit), the stages."""
-        client = UpstreamClient(self.settings.upstreams, tracer_provider=self.tracer_provider)
+        client = UpstreamClient(self.settings.upstreams)
         stores = self.stores = open_stores(self.settings)
         # Build the token encodings now, not on the first LLM call (about 0.3 s).
         await asyncio.get_running_loop().run_in_executor(None, tokens.warm)
@@ -140,8 +140,8 @@ class RagtollApp:
         principal = PrincipalStage(self.settings, principals) if principals is not None else None
         stages = build_stages(self.settings, stores=stores, cache=self.cache, env=self.env, ender=ender,
                               principal=principal)
-        self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.callers, self.tracer,
-                                 on_end=self._record_call)
+        self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.callers,
+                                 self.tracer, on_end=self._record_call, root_sampled=root_sampled(self.tracer_provider))
         ender.listeners.append(self._task_ended)
         task_stages = [s for s in stages if type(s).on_task_end is not Stage.on_task_end]
         ender.listeners.append(lambda record: _forget(task_stages, str(record.get("task_id"))))

@@ -162,7 +162,8 @@ def served_app(settings: Any) -> tuple[Any, Any, Any]:
     from .app import build_app
 
     prometheus = prometheus_reader()
-    tracer_provider = setup.tracer_provider(os.environ, settings.telemetry.service_name)
+    tracer_provider = setup.tracer_provider(os.environ, settings.telemetry.service_name,
+                                            export=settings.telemetry.export)
     meter_provider = setup.meter_provider(os.environ, settings.telemetry.service_name, extra_readers=(prometheus,))
     trace.set_tracer_provider(tracer_provider)
     metrics.set_meter_provider(meter_provider)

@@ -624,6 +624,10 @@ class TelemetryConfig:
     capture_content: bool = False
     content_max_chars: int = 2048
     service_name: str = "ragtoll"
+    # thread: the SDK's batch thread in ragtoll's own process encodes and sends spans (holding the GIL
+    # meanwhile); process: a child process does (instrumentation/export.py), which frees ragtoll's
+    # core but costs more CPU in all (the copy and rebuild): measured, README "Performance"
+    export: Literal["process", "thread"] = "thread"
 
     def validate(self, where: str) -> None:
         if self.content_max_chars < 0:

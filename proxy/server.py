@@ -35,13 +35,15 @@ logging.getLogger("_granian").setLevel(logging.ERROR)
 _BACKLOG = 1024  # connections past `server.max_connections` wait here, in the kernel
 
 
-def make_server(app: Any, cfg: ServerConfig, *, port: int | None = None) -> Server:
-    """A granian server for `app` with the front-door limits of `cfg` (not started)."""
+def make_server(app: Any, cfg: ServerConfig, *, port: int | None = None, interface: Interfaces = Interfaces.ASGI
+                ) -> Server:
+    """A granian server for `app` with the front-door limits of `cfg` (not started). ragtoll is an
+    ASGI app (its lifespan makes and closes its resources); bench/ also serves RSGI floors with it."""
     return Server(
         app,
         address=cfg.host,
         port=cfg.port if port is None else port,
-        interface=Interfaces.ASGI,  # with lifespan: the app's resources are made and closed there
+        interface=interface,
         http=HTTPModes.http1,
         websockets=False,
         backlog=_BACKLOG,
@@ -75,11 +77,12 @@ def check_bindable(host: str, port: int) -> None:
         probe.bind((host, port))
 
 
-async def serve(app: Any, cfg: ServerConfig, *, on_signal: Callable[[], None] | None = None) -> None:
+async def serve(app: Any, cfg: ServerConfig, *, on_signal: Callable[[], None] | None = None,
+                interface: Interfaces = Interfaces.ASGI) -> None:
     """Serve `app` until SIGTERM or SIGINT. `on_signal` runs first (the app stops taking new calls).
     OSError if the address cannot be listened on (nothing is started then)."""
     check_bindable(cfg.host, cfg.port)
-    server = make_server(app, cfg)
+    server = make_server(app, cfg, interface=interface)
     loop = asyncio.get_running_loop()
 
     def stop() -> None:

@@ -45,7 +45,8 @@ TASK_HEADER_OUT = b"x-ragtoll-task-id"
 class Pipeline:
     def __init__(self, settings: Settings, router: Router, client: UpstreamClient, stages: list[Stage],
                  identifier: Identifier, callers: CallerResolver, tracer: trace.Tracer,
-                 on_end: Callable[[Exchange], None] | None = None) -> None:
+                 on_end: Callable[[Exchange], None] | None = None,
+                 root_sampled: Callable[[int], bool] = lambda _trace_id: True) -> None:
         """Raises ContractError when the stages' order cannot serve what each reads (exchange.py)."""
         check_contracts(stages)
         self.router = router
@@ -53,6 +54,7 @@ class Pipeline:
         self.stages = stages
         self.identifier = identifier
         self.tracer = tracer
+        self._root_sampled = root_sampled  # the sampling flag of a task's virtual root
         self.forwarder = Forwarder(client, stages, max_inspect_bytes=settings.server.max_inspect_bytes,
                                    max_event_bytes=settings.server.max_event_bytes)
         self._max_body = settings.server.max_body_bytes
@@ -75,7 +77,7 @@ class Pipeline:
         request_body = ex.request_body = RequestBody(receive, headers, self._max_body,
                                                      asyncio.get_running_loop().time() + self._body_timeout)
         ex.response_headers.append((TASK_HEADER_OUT, task.id.encode()))
-        parent = trace.set_span_in_context(NonRecordingSpan(_parent_context(task, headers)))
+        parent = trace.set_span_in_context(NonRecordingSpan(_parent_context(task, headers, self._root_sampled)))
         server_span = self.tracer.start_span(
             f"{ex.method} {route.prefix}", context=parent, kind=SpanKind.SERVER,
             attributes={sc.HTTP_REQUEST_METHOD: ex.method, sc.HTTP_ROUTE: route.prefix + "/*",
@@ -235,14 +237,17 @@ def read_headers(raw: list[tuple[bytes, bytes]]) -> tuple[dict[str, str], frozen
     return headers, frozenset(duplicated)
 
 
-def _parent_context(task: TaskRef, headers: dict[str, str]) -> SpanContext:
-    """The caller's span when it sent a valid traceparent; else the task's virtual root."""
+def _parent_context(task: TaskRef, headers: dict[str, str], root_sampled: Callable[[int], bool]) -> SpanContext:
+    """The caller's span when it sent a valid traceparent (its sampling flag decides); else the task's
+    virtual root, sampled as the provider's sampler would sample a root of the task's trace, so the
+    calls of a task are kept or dropped together, with its summary span (task_span.root_sampled)."""
     if task.source in (SOURCE_TRACEPARENT, SOURCE_BAGGAGE):
         parsed = parse_traceparent(headers.get("traceparent"))
         if parsed is not None:
             trace_id, span_id, flags = parsed
             return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 1))
-    return SpanContext(task.trace_id, derived_span_id(task.id), is_remote=True, trace_flags=TraceFlags(1))
+    return SpanContext(task.trace_id, derived_span_id(task.id), is_remote=True,
+                       trace_flags=TraceFlags(1 if root_sampled(task.trace_id) else 0))
 
 
 def _finish_span(span: Any, ex: Exchange) -> None:

@@ -1,13 +1,16 @@
 """The upstream side: the one HTTP client, its transports per origin, and every client error mapped.
 
 The only module that speaks HTTP to upstreams. One `httpx2.AsyncClient` (httpx's API; the fork
-the OpenAI SDK uses) is made in the app's lifespan. Under it each upstream origin has its own stack:
+the OpenAI SDK uses) is made in the app's lifespan. Under it each upstream origin has its engine:
+aiohttp's client through httpx-aiohttp for HTTP/1.1 (the fastest candidate measured in
+bench/bench_proxy.py), or httpx2's own transport (httpcore2 + h2) for an upstream with `http2: true`,
+which aiohttp cannot speak.
 
-    opentelemetry-instrumentation-httpx's transport (the inner HTTP span; injects trace context)
-      -> _DropContext (removes traceparent/tracestate/baggage toward upstreams not marked trusted)
-        -> the engine: aiohttp's client through httpx-aiohttp for HTTP/1.1 (the fastest candidate
-           measured in bench/bench_proxy.py), or httpx2's own transport (httpcore2 + h2) for an
-           upstream with `http2: true`, which aiohttp cannot speak.
+Trace context is set here, per request: toward an upstream marked trusted, the current span's (the
+call span's) through the configured propagators; toward any other, none (the caller's traceparent,
+tracestate and baggage are removed too). The exchange has no span of its own: the call span already
+times it and holds its status, and opentelemetry-instrumentation-httpx's span cost a span and a
+header normalisation per call (bench/bench_tail.py, README "Performance").
 
 TLS (a private CA, a client certificate for mTLS), connection limits and an optional outbound
 proxy are per upstream (config.UpstreamConfig). Engine exceptions, including those raised while a
@@ -35,37 +38,33 @@ import aiohttp
 import httpx2 as httpx
 from aiohttp.http_exceptions import HttpProcessingError
 from httpx_aiohttp.httpx2 import AiohttpTransport
-from opentelemetry.instrumentation.httpx import AsyncOpenTelemetryTransportHttpx2
-from opentelemetry.metrics import NoOpMeterProvider
-from opentelemetry.trace import TracerProvider
+from opentelemetry import propagate
 
 from ..config import Timeouts, TlsConfig, UpstreamConfig
 from ..errors import BadRequest, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 
 PARSER = "python" if aiohttp.helpers.NO_EXTENSIONS else "c"
 # Trace context leaves ragtoll only toward trusted upstreams; baggage never toward others.
-_CONTEXT_HEADERS = ("traceparent", "tracestate", "baggage")
-_UNTRUSTED = "ragtoll.untrusted"  # request extension read by _DropContext
+_CONTEXT_HEADERS = frozenset({b"traceparent", b"tracestate", b"baggage"})
 # A request target goes out as it came in; anything that could end the request line early is refused.
 _BAD_TARGET = re.compile(rb"[\x00-\x20\x7f]")
 # Response heads up to 64 KiB per line (aiohttp's default, 8 KiB, refuses some large cookies and links).
 _MAX_HEAD_LINE = 65536
 
 
-class _DropContext(httpx.AsyncBaseTransport):
-    """Removes the trace-context headers the OTel transport injected, for untrusted upstreams."""
-
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
-        self._inner = inner
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if request.extensions.get(_UNTRUSTED):
-            for name in _CONTEXT_HEADERS:
-                request.headers.pop(name, None)
-        return await self._inner.handle_async_request(request)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
+def with_trace_context(headers: list[tuple[bytes, bytes]], trusted: bool) -> list[tuple[bytes, bytes]]:
+    """`headers` as they go to an upstream: toward a trusted one, the current context injected by the
+    global propagators (W3C trace context and baggage unless OTEL_PROPAGATORS says otherwise), which
+    replaces what the caller sent under those names; toward any other, no trace context at all."""
+    if not trusted:
+        return [(k, v) for k, v in headers if k.lower() not in _CONTEXT_HEADERS]
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    if not carrier:
+        return headers
+    names = {k.lower().encode("latin-1") for k in carrier}
+    return [(k, v) for k, v in headers if k.lower() not in names] + [
+        (k.encode("latin-1"), v.encode("latin-1")) for k, v in carrier.items()]
 
 
 def ssl_context(tls: TlsConfig) -> ssl.SSLContext:
@@ -109,22 +108,12 @@ def _engine(up: UpstreamConfig) -> httpx.AsyncBaseTransport:
 class UpstreamClient:
     """Owns the client; made in the app lifespan and closed there (`aclose`)."""
 
-    def __init__(
-        self,
-        upstreams: Sequence[UpstreamConfig],
-        *,
-        tracer_provider: TracerProvider | None = None,
-    ) -> None:
+    def __init__(self, upstreams: Sequence[UpstreamConfig]) -> None:
         mounts: dict[str, httpx.AsyncBaseTransport] = {}
         for up in upstreams:
             key = up.origin + "/"
             if key not in mounts:  # config.validate made upstreams of one origin agree on its transport
-                # The instrumentation's own http.client.* metrics are off: they repeat what
-                # gen_ai.client.operation.duration and ragtoll.proxy.overhead record, at a cost per call.
-                mounts[key] = AsyncOpenTelemetryTransportHttpx2(
-                    _DropContext(_engine(up)),  # type: ignore[arg-type]  # annotated with httpx's base class
-                    tracer_provider=tracer_provider, meter_provider=NoOpMeterProvider(),
-                )
+                mounts[key] = _engine(up)
         self._client = httpx.AsyncClient(mounts=mounts, trust_env=False, follow_redirects=False, timeout=None)
         # Forward the caller's headers unchanged: no client defaults added.
         for name in ("user-agent", "accept", "accept-encoding", "connection"):
@@ -147,8 +136,9 @@ class UpstreamClient:
         """Start the exchange and return once the response head arrives.
 
         `headers` must carry no framing (content-length, transfer-encoding): the body's is set
-        here, exactly one of them. The caller owns the returned response and must `aclose()` it
-        (also on cancellation).
+        here, exactly one of them. Trace context is the current span's, and goes only to a trusted
+        upstream (`with_trace_context`). The caller owns the returned response and must `aclose()`
+        it (also on cancellation).
         """
         if _BAD_TARGET.search(target.encode("latin-1", "replace")):
             raise BadRequest("the request target holds a control character or space")
@@ -157,8 +147,9 @@ class UpstreamClient:
             # A Request made directly, not by build_request: the client has no base URL, default
             # headers or cookies to merge, and the URL of a path seen before is not parsed again.
             # httpx frames `body`: content-length for bytes, chunked for a stream.
-            request = httpx.Request(method, self._url(upstream.url, target), headers=headers, content=body,
-                                    extensions={"timeout": timeout, _UNTRUSTED: not upstream.trusted})
+            request = httpx.Request(method, self._url(upstream.url, target),
+                                    headers=with_trace_context(headers, upstream.trusted), content=body,
+                                    extensions={"timeout": timeout})
             response = await self._client.send(request, stream=True)
         return UpstreamResponse(response, upstream.name)
 

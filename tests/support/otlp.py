@@ -25,6 +25,7 @@ class OtlpReceiver:
         self.spans: list[dict[str, Any]] = []
         self.metric_names: set[str] = set()
         self.resources: list[dict[str, Any]] = []
+        self.trace_requests: list[ExportTraceServiceRequest] = []  # as decoded, for exact comparisons
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -39,6 +40,7 @@ class OtlpReceiver:
             req = ExportTraceServiceRequest()
             req.ParseFromString(body)
             with self.lock:
+                self.trace_requests.append(req)
                 for rs in req.resource_spans:
                     resource = {a.key: _value(a.value) for a in rs.resource.attributes}
                     self.resources.append(resource)

@@ -57,6 +57,7 @@ RERANK_SEEN = "documents_already_ranked"
 MAX_QUERIES = 32  # earlier queries a task keeps for the similarity check (the most recent)
 MAX_EVIDENCE_WORDS = 2048  # content words of a task's evidence for its question kept (the first ones)
 FOR_QUESTION = 0.5  # share of a query's content words the question and its evidence must hold
+MAX_EVIDENCE_TEXTS = 48  # top results of a task's evidence kept to read (when a query needs their words)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,8 +141,9 @@ def lexical_similarity(query: str, earlier: Iterable[str]) -> tuple[float, str |
     return _most_similar(query, ((q, features(q).content) for q in earlier))
 
 
-def _most_similar(query: str, earlier: Iterable[tuple[str, frozenset[str]]]) -> tuple[float, str | None]:
-    mine = features(query).content
+def _most_similar(query: str, earlier: Iterable[tuple[str, frozenset[str]]],
+                  mine: frozenset[str] | None = None) -> tuple[float, str | None]:
+    mine = features(query).content if mine is None else mine
     own = normalize(query)
     best, which = 0.0, None
     for q, words in earlier:
@@ -154,18 +156,33 @@ def _most_similar(query: str, earlier: Iterable[tuple[str, frozenset[str]]]) -> 
 class _Task:
     """What a process remembers of one task's search."""
 
-    __slots__ = ("asked", "queries", "question")
+    __slots__ = ("asked", "evidence", "queries", "question")
 
     def __init__(self, asked: str | None = None) -> None:
         self.queries: deque[tuple[str, frozenset[str]]] = deque(maxlen=MAX_QUERIES)
         self.asked = asked  # the task's question as first seen, read into `question` when a search needs it
         # the task's question and its evidence's content words (None: no question known yet)
         self.question: set[str] | None = None
+        # top results of its evidence not read into `question` yet (read when a query needs them)
+        self.evidence: list[str] = []
 
     def words(self) -> set[str] | None:
         if self.question is None and self.asked:
             self.question = set(list(features(self.asked[:4096]).content)[:MAX_EVIDENCE_WORDS])
         return self.question
+
+    def asks_for_it(self, query_words: frozenset[str], question: set[str]) -> bool:
+        """`for_question`, reading the evidence's words only when the question's own do not do."""
+        if for_question(query_words, question):
+            return True
+        if not self.evidence:
+            return False
+        for text in self.evidence:
+            if len(question) >= MAX_EVIDENCE_WORDS:
+                break
+            question.update(features(text).content)
+        self.evidence.clear()
+        return for_question(query_words, question)
 
 
 class RecentQueries:
@@ -198,22 +215,19 @@ class RecentQueries:
         top results' words when it brought evidence for the question."""
         task = self._tasks.get(task_id)
         earlier = task.queries if task is not None else None
-        sim = _most_similar(query, earlier) if query and earlier else (0.0, None)
+        words = frozenset(features(query).content) if query else frozenset()
+        sim = _most_similar(query, earlier, words) if query and earlier else (0.0, None)
         verdict = judge_retrieval(chunks, seen, query, sim, rules.lexical_similarity, rules)
         if not query:
             return verdict
         task = self._task(task_id)
-        words = frozenset(features(query).content)
         task.queries.append((query, words))
         question = task.words()
         if question is None:  # the task's first search names its question
             question = task.question = set(words)
-        verdict = replace(verdict, for_question=for_question(words, question))
-        if verdict.evidence and chunks:
-            for chunk in chunks[:rules.top_k]:
-                if len(question) >= MAX_EVIDENCE_WORDS:
-                    break
-                question.update(features(chunk.text[:2048]).content)
+        verdict = replace(verdict, for_question=task.asks_for_it(words, question))
+        if verdict.evidence and chunks and len(question) < MAX_EVIDENCE_WORDS and len(task.evidence) < MAX_EVIDENCE_TEXTS:
+            task.evidence.extend(chunk.text[:2048] for chunk in chunks[:rules.top_k] if chunk.text)
         return verdict
 
     def forget(self, task_id: str) -> None:

@@ -52,6 +52,7 @@ WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
 EXHAUSTED_HEADER = b"x-ragtoll-budget-exhausted"  # an empty answer in place of a refused search or rerank
 FINISHED_HEADER = b"x-ragtoll-budget-finished"  # this call went past that limit once, tools disabled
 CAPPED_HEADER = b"x-ragtoll-budget-output-cap"  # the output cap (tokens per answer) ragtoll set: what the task had left
+_UNCAPPED = 1 << 62  # the most output of a call sent without a cap, when nothing else bounds it
 # timers fire at or after the clamped timeout; the wall clock may read a hair earlier than the deadline
 DEADLINE_SLACK_MS = 10
 
@@ -225,7 +226,9 @@ class BudgetStage(Stage):
                    "max_cost_usd": base["max_cost_usd"] + allowance}
         if not exhaustion.rewrite(ex, profile):
             return None
-        passed = await self._reserve_as(ex, replace(plan, most_output=per_answer), refused.sel, limits=allowed,
+        # the finish always goes out with a cap (the allowance's, if the call named none or a larger one)
+        sent = per_answer if ex.call.max_output_tokens is not None else _UNCAPPED
+        passed = await self._reserve_as(ex, replace(plan, most_output=sent), refused.sel, limits=allowed,
                                         charge=finish)
         return replace(passed, notes=refused.notes) if passed.decision.admitted else None
 

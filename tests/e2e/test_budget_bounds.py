@@ -44,6 +44,12 @@ def greedy() -> Iterator[tuple[str, GreedyModel]]:
         yield url, app
 
 
+def robust(store: str) -> dict[str, Any]:
+    """The store and a timeout a loaded machine's Redis keeps: a slow store lets calls through
+    unbudgeted (`on_store_error: open`), which is not what these tests measure."""
+    return {"store": store, "store_timeout_ms": 3000, "on_store_error": "closed", "cache": {"enabled": False}}
+
+
 def ups(url: str) -> list[dict[str, Any]]:
     return [{"name": "openai", "kind": "llm", "api": "openai", "url": url, "prefix": "/openai"},
             {"name": "claude", "kind": "llm", "api": "anthropic", "url": url, "prefix": "/anthropic"},
@@ -79,7 +85,7 @@ def test_an_admitted_call_is_capped_at_what_its_task_has_left(proxy: ProxyFactor
     app.reset()
     budgets = {"default_profile": "p", "profiles": {"p": {"max_cost_usd": 0.01}}}
     t = task()
-    with proxy(upstreams=ups(url), budgets=budgets, store=store, cache={"enabled": False}) as base:
+    with proxy(upstreams=ups(url), budgets=budgets, **robust(store)) as base:
         with oai(base, t) as client:
             raw = client.chat.completions.with_raw_response.create(
                 model="gpt-4o", messages=[{"role": "user", "content": "Write it all down."}], max_tokens=100_000, n=4)
@@ -100,7 +106,7 @@ def test_a_call_without_a_cap_gets_one_when_its_task_has_less_left_than_its_mode
     app.reset()
     budgets = {"default_profile": "p", "profiles": {"p": {"max_cost_usd": 0.5}}}
     t, roomy = task(), task()
-    with proxy(upstreams=ups(url), budgets=budgets, store=store, cache={"enabled": False}) as base:
+    with proxy(upstreams=ups(url), budgets=budgets, **robust(store)) as base:
         with oai(base, t) as client:  # o1: $60/M output, up to 100,000 tokens: $6 of output
             client.chat.completions.create(model="o1", messages=[{"role": "user", "content": "Think hard."}])
         with oai(base, roomy) as client:  # gpt-4o-mini: its 16,384-token ceiling costs $0.01: no cap needed
@@ -124,8 +130,7 @@ def test_the_finish_past_the_limit_is_one_capped_answer(proxy: ProxyFactory, gre
     url, app = greedy
     app.reset()
     t = task()
-    with proxy(upstreams=ups(url), budgets=finish_profile(max_cost_usd=1.0), store=store,
-               cache={"enabled": False}) as base:
+    with proxy(upstreams=ups(url), budgets=finish_profile(max_cost_usd=1.0), **robust(store)) as base:
         with oai(base, t) as client:
             client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "q"}], max_tokens=10)
             raw = client.chat.completions.with_raw_response.create(
@@ -145,8 +150,7 @@ def test_the_finish_is_refused_to_a_prompt_that_alone_costs_more_than_its_allowa
     url, app = greedy
     app.reset()
     t = task()
-    with proxy(upstreams=ups(url), budgets=finish_profile(max_cost_usd=0.01), store=store,
-               cache={"enabled": False}) as base:
+    with proxy(upstreams=ups(url), budgets=finish_profile(max_cost_usd=0.01), **robust(store)) as base:
         with oai(base, t) as client:
             client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "q"}], max_tokens=10)
             with pytest.raises(openai.RateLimitError):
@@ -164,8 +168,7 @@ def test_a_streamed_finish_is_cut_at_its_allowance(proxy: ProxyFactory, greedy: 
     url, app = greedy
     app.reset()
     t = task()
-    with proxy(upstreams=ups(url), budgets=finish_profile(max_completion_tokens=1000), store=store,
-               cache={"enabled": False}) as base:
+    with proxy(upstreams=ups(url), budgets=finish_profile(max_completion_tokens=1000), **robust(store)) as base:
         with oai(base, t) as client:
             client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}],
                                            max_tokens=5)
@@ -188,7 +191,7 @@ def test_a_task_whose_first_call_is_refused_gets_no_finish(proxy: ProxyFactory, 
     url, app = greedy
     app.reset()
     big = prompt(70_000)  # $1.05 at $15/M input, both models
-    with proxy(upstreams=ups(url), store=store, cache={"enabled": False}) as base:
+    with proxy(upstreams=ups(url), **robust(store)) as base:
         refused = 0
         for i in range(20):
             t = task()
@@ -233,9 +236,7 @@ def test_streamed_output_in_any_delta_field_is_counted_and_cut(proxy: ProxyFacto
     limit = 8333
     budgets = {"default_profile": "p", "profiles": {"p": {"max_completion_tokens": limit}}}
     t = task()
-    # a store slower than store_timeout_ms under load would let a stream go on unbudgeted (open): not this test
-    with proxy(upstreams=ups(url), budgets=budgets, store=store, cache={"enabled": False}, store_timeout_ms=3000,
-               on_store_error="closed") as base:
+    with proxy(upstreams=ups(url), budgets=budgets, **robust(store)) as base:
         bodies = asyncio.run(_streams(base, t, field, 8, 20_000))
         used = ledger(base, admin_token, t)
     marker = f'"{field}":" hi"'.encode()
@@ -275,7 +276,7 @@ def test_an_agent_asking_new_questions_never_climbs(proxy: ProxyFactory, greedy:
                "profiles": {"small": {"max_steps": 4, "max_retrieval_calls": 4, "escalate_to": "large"},
                             "large": {"max_steps": 60, "max_retrieval_calls": 60}}}
     t = task()
-    with proxy(upstreams=ups(url), budgets=budgets, store=store, cache={"enabled": False}) as base:
+    with proxy(upstreams=ups(url), budgets=budgets, **robust(store)) as base:
         answered, searched = random_agent(base, t, 50)
         used = httpx.get(f"{base}/admin/tasks/{t}", headers={"authorization": f"Bearer {admin_token}"}).json()
     assert (answered, searched) == (4, 4)
@@ -289,7 +290,7 @@ def test_the_embedded_default_bounds_searches(proxy: ProxyFactory, greedy: tuple
     url, app = greedy
     app.reset()
     t = task()
-    with proxy(upstreams=ups(url), store=store, cache={"enabled": False}) as base, \
+    with proxy(upstreams=ups(url), **robust(store)) as base, \
             httpx.Client(timeout=10, headers={"x-ragtoll-task-id": t}) as http:
         answers = [http.post(f"{base}/docs/search", json={"query": f"history of {uuid.uuid4().hex[:8]} festival"})
                    for _ in range(120)]

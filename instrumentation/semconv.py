@@ -57,6 +57,8 @@ BUDGET_EXCEEDED_DIMENSION = "ragtoll.budget.exceeded.dimension"
 BUDGET_WOULD_REJECT = "ragtoll.budget.would_reject"
 BUDGET_STREAM_CUT = "ragtoll.budget.stream_cut"
 BUDGET_FINISHED = "ragtoll.budget.finished"  # on_exhausted: finish: the limit the call went past, tools disabled
+# worst-case admission: the output cap (tokens per answer) ragtoll wrote into the call, the task having less left
+BUDGET_OUTPUT_CAP = "ragtoll.budget.output_cap"
 # a stream: output tokens its reservation held at the end (reservation plus extensions), and how many extensions
 BUDGET_STREAM_HELD = "ragtoll.budget.stream.held_tokens"
 BUDGET_STREAM_EXTENSIONS = "ragtoll.budget.stream.extensions"

@@ -332,6 +332,11 @@ class Profile:
     # it is forwarded once with tools disabled, so the model answers from what it already has
     on_exhausted: Literal["reject", "finish"] = "reject"
     finish_note: str | None = None  # added as a last user message to a finish (None: nothing added)
+    # the finish past the limit is an allowance, not a blank cheque: its output is capped (and a
+    # stream cut) at this many tokens and this cost, prompt included; a call whose prompt alone
+    # costs more is refused. null cost: the smaller of $0.05 and a tenth of max_cost_usd
+    finish_max_output_tokens: int = 1024
+    finish_max_cost_usd: float | None = None
     # what a refused search or rerank gets: `reject` (the budget's error), or `empty`: a well-formed
     # answer with no results and the budget headers (agents that end a task on a tool error go on)
     on_exhausted_retrieval: Literal["reject", "empty"] = "reject"
@@ -342,10 +347,24 @@ class Profile:
     def limits(self) -> dict[str, float]:
         return {d: v for d in DIMENSIONS if (v := getattr(self, d)) is not None}
 
+    def finish_allowance(self) -> tuple[int, float]:
+        """(output tokens, USD) the one finish past the limit may use (`on_exhausted: finish`)."""
+        cost = self.finish_max_cost_usd
+        if cost is None:
+            cost = DEFAULT_FINISH_COST_USD if self.max_cost_usd is None \
+                else min(DEFAULT_FINISH_COST_USD, self.max_cost_usd / 10)
+        return self.finish_max_output_tokens, cost
+
     def validate(self, where: str) -> None:
         for dim, value in self.limits().items():
             if not _finite(value) or value < 0:
                 _bad(f"{where}.{dim}", value, "a finite number >= 0 (omit the key for no limit)")
+        if self.finish_max_output_tokens < 1:
+            _bad(f"{where}.finish_max_output_tokens", self.finish_max_output_tokens, "at least 1 (default 1024)")
+        if self.finish_max_cost_usd is not None and (not _finite(self.finish_max_cost_usd)
+                                                     or self.finish_max_cost_usd < 0):
+            _bad(f"{where}.finish_max_cost_usd", self.finish_max_cost_usd,
+                 "a finite number of USD >= 0 (null: the smaller of 0.05 and a tenth of max_cost_usd)")
 
 
 @dataclass(frozen=True)
@@ -369,16 +388,22 @@ class ProfileRule:
             _bad(f"{where}.header", self.header, "an HTTP header name")
 
 
+DEFAULT_FINISH_COST_USD = 0.05  # the finish allowance's cost when a profile names none (at most)
 # The embedded default: stop the loop, not the answer. Progress limits end a task's search (one
 # fruitless retrieval in a row, three in all), its next model call answers from the evidence it has
 # (finish), a refused search answers empty (agents that end on a tool error go on); the counts and
-# cost are ceilings for a loop that never retrieves. Measured on bench/eval_agents (README).
+# cost are ceilings for a loop that never retrieves or whose every search is new (progress limits
+# do not stop an agent that asks a new question each time: max_retrieval_calls does), and one
+# prompt may hold at most 128k tokens. Measured on bench/eval_agents (README).
 DEFAULT_PROFILES: FrozenMap[str, Profile] = FrozenMap({
     "bounded": Profile(
-        max_steps=40, max_cost_usd=1.0, max_stalled_retrievals=1, max_fruitless_retrievals=3,
-        on_exhausted="finish", on_exhausted_retrieval="empty",
+        max_steps=40, max_retrieval_calls=40, max_cost_usd=1.0, max_prompt_tokens=128_000,
+        max_stalled_retrievals=1, max_fruitless_retrievals=3, on_exhausted="finish", on_exhausted_retrieval="empty",
     )
 })
+# an `escalate_to` profile must bound what a climbed task may still do: model calls or cost, and searches
+_ESCALATION_CEILINGS = (("max_steps", "max_calls", "max_cost_usd"),
+                        ("max_retrieval_calls", "max_unique_queries", "max_calls"))
 
 
 @dataclass(frozen=True)
@@ -394,7 +419,10 @@ class BudgetsConfig:
     # charged its whole reservation; None: reject when the profile enforces, else charge_reservation
     on_unreadable: Literal["reject", "charge_reservation"] | None = None
     warn_fraction: float = 0.8
+    # the output reserved for a call that sets no cap, to a model whose output ceiling is not known
+    # (a call without a cap to a known model is reserved the model's ceiling: core/ceilings.py)
     default_max_output_tokens: int = 1024
+    output_ceilings: Mapping[str, int] = EMPTY  # model name -> the most output tokens it accepts as its cap
     # a stream extends its own reservation by this many output tokens at a time (reserve -> extend -> settle)
     stream_extension_tokens: int = 256
     # a reservation not settled or extended within this long stops counting as in flight
@@ -408,7 +436,7 @@ class BudgetsConfig:
     records_stream: str = "ragtoll:records"  # task records sink (Redis Stream) when the store is Redis
 
     def __post_init__(self) -> None:
-        _freeze(self, "classes", "profiles", "rules")
+        _freeze(self, "classes", "profiles", "rules", "output_ceilings")
 
     def validate(self, where: str) -> None:
         names = f"one of the profiles: {', '.join(sorted(self.profiles))}"
@@ -426,12 +454,22 @@ class BudgetsConfig:
             if profile.escalate_to is not None and (profile.escalate_to not in self.profiles
                                                     or profile.escalate_to == name):
                 _bad(f"{where}.profiles.{name}.escalate_to", profile.escalate_to, f"another profile: {names}")
+            if profile.escalate_to is not None:
+                target = self.profiles[profile.escalate_to].limits()
+                for group in _ESCALATION_CEILINGS:
+                    if not any(d in target for d in group):
+                        _bad(f"{where}.profiles.{name}.escalate_to", profile.escalate_to,
+                             f"a profile that bounds a climbed task: {profile.escalate_to!r} sets none of "
+                             f"{', '.join(group)}")
         if self.reject_status is not None and not 400 <= self.reject_status <= 599:
             _bad(f"{where}.reject_status", self.reject_status, "an HTTP error status between 400 and 599")
         if not 0 < self.warn_fraction <= 1:
             _bad(f"{where}.warn_fraction", self.warn_fraction, "a fraction in (0, 1]")
         if self.default_max_output_tokens < 1:
             _bad(f"{where}.default_max_output_tokens", self.default_max_output_tokens, "at least 1 (default 1024)")
+        for model, ceiling in self.output_ceilings.items():
+            if ceiling < 1:
+                _bad(f"{where}.output_ceilings.{model}", ceiling, "a number of output tokens >= 1")
         if not 1 <= self.stream_extension_tokens <= 1_000_000:
             _bad(f"{where}.stream_extension_tokens", self.stream_extension_tokens,
                  "a number of output tokens from 1 to 1000000 (default 256)")

@@ -81,6 +81,26 @@ class AnthropicAdapter:
         return orjson.dumps(doc)
 
 
+    def cap_output(self, path: str, body: bytes, tokens: int) -> bytes | None:
+        """The request with `max_tokens` at `tokens`; an extended-thinking budget (which must stay
+        below max_tokens and at 1024 or more) lowered to fit, or thinking turned off when it cannot."""
+        doc, _error = json_body(body)
+        if doc is None or not path.rstrip("/").endswith("/messages"):
+            return None
+        doc["max_tokens"] = tokens
+        thinking = doc.get("thinking")
+        budget = as_int(thinking.get("budget_tokens")) if isinstance(thinking, dict) else None
+        if budget is not None and budget >= tokens:
+            if tokens - 1 >= MIN_THINKING_BUDGET:
+                doc["thinking"] = {**thinking, "budget_tokens": tokens - 1}  # type: ignore[dict-item]
+            else:
+                doc.pop("thinking")
+        return orjson.dumps(doc)
+
+
+MIN_THINKING_BUDGET = 1024  # the Messages API's smallest thinking.budget_tokens
+
+
 def _blocks_text(content: Any, out: list[str]) -> None:
     """Text of a content: a string or blocks (text, tool_use input, tool_result content, thinking,
     document text sources). Images and other binary sources are not counted."""
@@ -167,6 +187,13 @@ class MessagesObserver(BufferedJsonObserver):
                 obs.keep_output(block["text"])
 
 
+# content_block_delta types -> the field holding their output text
+_DELTA_TEXT = {"text_delta": "text", "input_json_delta": "partial_json", "thinking_delta": "thinking"}
+# deltas that carry no generated text: a thinking block's signature, a citation of a source
+_DELTA_NOT_OUTPUT = frozenset({"signature_delta", "citations_delta"})
+_META = frozenset({"type", "id", "index", "signature", "cache_control"})
+
+
 class MessagesStreamObserver(JsonStreamObserver):
     """message_start (model, input usage) -> content_block_delta (text, tool input, thinking) ->
     message_delta (stop_reason, cumulative output usage) -> message_stop."""
@@ -180,10 +207,23 @@ class MessagesStreamObserver(JsonStreamObserver):
             obs.usage = usage(msg.get("usage"), obs.usage)
         elif kind == "content_block_delta":
             delta = doc.get("delta") or {}
-            self.saw_output(delta.get("text") or delta.get("partial_json") or delta.get("thinking"))
+            field = _DELTA_TEXT.get(str(delta.get("type")))
+            if field is not None:
+                self.saw_output(delta.get(field))
+            elif delta.get("type") not in _DELTA_NOT_OUTPUT:
+                self.saw_unknown(delta, _META)  # a delta type not known here: its text counts all the same
         elif kind == "content_block_start":
             block = doc.get("content_block") or {}
-            self.saw_output(block.get("text") or block.get("name"))
+            kind = block.get("type")
+            if kind in ("text", "thinking"):
+                self.saw_output(block.get(kind))
+            elif kind in ("tool_use", "server_tool_use"):
+                self.saw_output(block.get("name"))
+                self.saw_unknown(block.get("input"))
+            elif kind == "redacted_thinking":
+                self.saw_unknown(block.get("data"))  # encrypted thinking, billed as output
+            elif kind is not None and not str(kind).endswith("_tool_result"):
+                self.saw_unknown(block, _META)
         elif kind == "message_delta":
             stop = (doc.get("delta") or {}).get("stop_reason")
             if stop:

@@ -96,6 +96,11 @@ class Adapter(Protocol):
         `on_exhausted_retrieval: empty`); None where the API has no such answer."""
         ...
 
+    def cap_output(self, path: str, body: bytes, tokens: int) -> bytes | None:
+        """This request with its output cap set to `tokens` per answer (the budget's worst-case
+        admission: the task has no more left); None where the API has no such cap."""
+        ...
+
 
 class AdapterFactory(Protocol):
     def __call__(self, upstream: UpstreamInfo) -> Adapter: ...
@@ -108,6 +113,11 @@ def no_stream_end(call: Call, observation: Observation, path: str, now_s: int) -
 
 def no_finish(path: str, body: bytes, note: str | None) -> bytes | None:
     """`finish` of adapters that do not generate answers (retrieval, rerank, passthrough)."""
+    return None
+
+
+def no_cap_output(path: str, body: bytes, tokens: int) -> bytes | None:
+    """`cap_output` of adapters whose calls produce no generated output."""
     return None
 
 
@@ -257,6 +267,20 @@ class JsonStreamObserver:
         if isinstance(text, str) and text:
             self.observation.output_tokens_seen += tokens.count(text, self._encoding)
             self.observation.keep_output(text)
+
+    def saw_unknown(self, value: object, skip: frozenset[str] = frozenset(), depth: int = 0) -> None:
+        """Output in a shape this adapter does not know: every string in it (but the keys in
+        `skip`) counted as output tokens, never ignored (an over-count at worst)."""
+        if isinstance(value, str):
+            if value:
+                self.observation.output_tokens_seen += tokens.count(value, self._encoding)
+        elif depth < 8 and isinstance(value, dict):
+            for key, item in value.items():
+                if key not in skip:
+                    self.saw_unknown(item, skip, depth + 1)
+        elif depth < 8 and isinstance(value, list):
+            for item in value:
+                self.saw_unknown(item, skip, depth + 1)
 
     def on_event(self, event: str, doc: dict[str, object]) -> None:
         """One parsed event. Subclasses override."""

@@ -112,6 +112,8 @@ class OpenAIAdapter:
             return None
         if doc.get("tools"):
             doc["tool_choice"] = "none"
+        if isinstance(doc.get("n"), int) and not isinstance(doc["n"], bool) and doc["n"] != 1:
+            doc["n"] = 1  # one answer: the finish's allowance is for one
         if kind == "chat":
             if doc.get("functions"):
                 doc["function_call"] = "none"
@@ -122,6 +124,35 @@ class OpenAIAdapter:
             items = given if isinstance(given, list) else [{"role": "user", "content": given}] if isinstance(given, str) else []
             doc["input"] = [*items, {"role": "user", "content": note}]
         return orjson.dumps(doc)
+
+
+    def cap_output(self, path: str, body: bytes, tokens: int) -> bytes | None:
+        """The request with its output cap at `tokens` per answer: the cap it named (chat's
+        `max_completion_tokens` or `max_tokens`, the legacy endpoint's `max_tokens`, Responses'
+        `max_output_tokens`), else the one its model reads (reasoning models only know
+        `max_completion_tokens`; other chat servers all know `max_tokens`)."""
+        kind = endpoint("POST", path)
+        doc, _error = json_body(body)
+        if doc is None or kind not in ("chat", "text_completion", "responses"):
+            return None
+        keys: tuple[str, ...]
+        if kind == "responses":
+            keys = ("max_output_tokens",)
+        elif kind == "text_completion":
+            keys = ("max_tokens",)
+        else:
+            keys = ("max_completion_tokens", "max_tokens")
+        named = [k for k in keys if as_int(doc.get(k)) is not None]
+        if not named:
+            model = (as_str(doc.get("model")) or "").lower().rpartition("/")[2]
+            named = [keys[0] if kind != "chat" or model.startswith(_REASONING_MODELS) else "max_tokens"]
+        for key in named:
+            doc[key] = tokens
+        return orjson.dumps(doc)
+
+
+# model families that take only `max_completion_tokens` (OpenAI's reasoning models)
+_REASONING_MODELS = ("o1", "o3", "o4", "gpt-5")
 
 
 def _common(doc: dict[str, Any], call: Call) -> None:
@@ -305,6 +336,9 @@ class ChatObserver(BufferedJsonObserver):
                 obs.finish_reasons.append(c["finish_reason"])
             msg = c.get("message") or {}
             _parts_text(msg.get("content"), texts)
+            for key in ("refusal", "reasoning", "reasoning_content"):
+                if isinstance(msg.get(key), str):
+                    texts.append(msg[key])
             if isinstance(c.get("text"), str):
                 texts.append(c["text"])
             for tc in msg.get("tool_calls") or []:
@@ -324,6 +358,13 @@ class ChatObserver(BufferedJsonObserver):
                 if isinstance(item.get("arguments"), str):
                     texts.append(item["arguments"])
             self.observation.output_tokens_seen = tokens.count_many(texts, self._encoding)
+
+
+# chat delta fields that are not generated text
+_DELTA_META = frozenset({"role", "index", "id", "type", "name", "logprobs", "obfuscation"})
+_TOOL_META = frozenset({"index", "id", "type"})
+# Responses API `.delta` events whose delta is not text (audio bytes)
+_NOT_TEXT_DELTAS = frozenset({"response.audio.delta"})
 
 
 class ChatStreamObserver(JsonStreamObserver):
@@ -346,19 +387,42 @@ class ChatStreamObserver(JsonStreamObserver):
             obs.usage = usage(doc["usage"])
         for choice in doc.get("choices") or []:
             delta = choice.get("delta") or {}
-            self.saw_output(delta.get("content"))
-            self.saw_output(delta.get("reasoning_content"))  # vLLM / DeepSeek reasoning stream
+            if isinstance(delta, dict):
+                self._delta(delta)
             self.saw_output(choice.get("text"))
-            for tc in delta.get("tool_calls") or []:
-                fn = tc.get("function") or {}
-                self.saw_output(fn.get("name"))
-                self.saw_output(fn.get("arguments"))
             if choice.get("finish_reason"):
                 obs.finish_reasons.append(choice["finish_reason"])
 
+    def _delta(self, delta: dict[str, Any]) -> None:
+        """Every text a chat delta carries is output: content, refusal (OpenAI), reasoning
+        (OpenRouter and others), reasoning_content (vLLM, DeepSeek), tool and function call
+        arguments, an audio transcript; a field not known here counted by its text all the same."""
+        for key, value in delta.items():
+            if key in _DELTA_META or value is None:
+                continue
+            if key == "reasoning_details" and isinstance(delta.get("reasoning"), str):
+                continue  # OpenRouter sends the reasoning twice: as text and as details
+            if key == "function_call" and isinstance(value, dict):  # the legacy functions API
+                self.saw_output(value.get("name"))
+                self.saw_output(value.get("arguments"))
+            elif key == "tool_calls" and isinstance(value, list):
+                for tc in value:
+                    fn = tc.get("function") if isinstance(tc, dict) else None
+                    if isinstance(fn, dict):
+                        self.saw_output(fn.get("name"))
+                        self.saw_output(fn.get("arguments"))
+                    elif isinstance(tc, dict):
+                        self.saw_unknown(tc, _TOOL_META)
+            elif key == "audio" and isinstance(value, dict):
+                self.saw_output(value.get("transcript"))  # `data` is audio, not text
+            elif isinstance(value, str):
+                self.saw_output(value)
+            else:
+                self.saw_unknown(value, _DELTA_META)
+
     def _on_responses_event(self, kind: str, doc: dict[str, Any]) -> None:
-        if kind in self._DELTAS:
-            self.saw_output(doc.get("delta"))
+        if kind in self._DELTAS or (kind.endswith(".delta") and kind not in _NOT_TEXT_DELTAS):
+            self.saw_output(doc.get("delta"))  # any text delta: one not named here counts all the same
         elif kind in self._FINAL and isinstance(doc.get("response"), dict):
             _read_response(self.observation, doc["response"])
         elif kind == "error":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..model import Call
-from .base import NullObserver, UpstreamInfo, no_empty_result, no_finish, no_stream_end
+from .base import NullObserver, UpstreamInfo, no_cap_output, no_empty_result, no_finish, no_stream_end
 
 _OPERATION = {"llm": "chat", "embeddings": "embeddings", "retrieval": "retrieval", "rerank": "rerank"}
 
@@ -17,6 +17,7 @@ class PassthroughAdapter:
     reads_body = False
     stream_end = staticmethod(no_stream_end)
     finish = staticmethod(no_finish)
+    cap_output = staticmethod(no_cap_output)
     empty_result = staticmethod(no_empty_result)
 
     def __init__(self, upstream: UpstreamInfo) -> None:

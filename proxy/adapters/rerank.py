@@ -20,6 +20,7 @@ from .base import (
     Observer,
     UpstreamInfo,
     json_body,
+    no_cap_output,
     no_finish,
     no_stream_end,
     safe_parse,
@@ -42,6 +43,7 @@ class _RerankAdapter:
     reads_body = True
     stream_end = staticmethod(no_stream_end)
     finish = staticmethod(no_finish)
+    cap_output = staticmethod(no_cap_output)
     texts_key = "documents"  # request: the candidate list
     results_key = "results"  # response: the ranked list ("" = the body itself)
     score_key = "relevance_score"

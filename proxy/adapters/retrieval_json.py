@@ -25,6 +25,7 @@ from .base import (
     Observer,
     UpstreamInfo,
     json_body,
+    no_cap_output,
     no_finish,
     no_stream_end,
     safe_parse,
@@ -42,6 +43,7 @@ class JsonRetrievalAdapter:
     reads_body = True
     stream_end = staticmethod(no_stream_end)
     finish = staticmethod(no_finish)
+    cap_output = staticmethod(no_cap_output)
     field_keys: ClassVar[frozenset[str]] = FIELD_KEYS  # config validation rejects other `fields:` keys
     defaults: ClassVar[Mapping[str, str]] = {"query": "query", "vector": "vector", "filters": "filter", "top_k": "top_k",
                                    "results": "results", "id": "id", "text": "text", "score": "score",

@@ -60,9 +60,12 @@ class Charge:
     rerank_calls: int = 0
     context_tokens: int = 0
     prompt_tokens: int = 0  # this call's prompt, for the per-call max_prompt_tokens
-    completion_reserve: int = 0  # requested (or default) max output tokens
+    # the most output the call may produce as it would be sent (its cap x choices, else the model's
+    # ceiling, else the default): what is reserved, unless the task has less left (`granted_output`)
+    completion_reserve: int = 0
     cost_certain: int = 0  # prompt + per-call price: known before forwarding
-    cost_reserve: int = 0  # output tokens x price: reserved, settled later
+    cost_reserve: int = 0  # completion_reserve output tokens x price: reserved, settled later
+    choices: int = 1  # answers asked for (n): an LLM call needs at least one output token each
     query_key: str | None = None  # unique-query key (retrieval); None: not a query
     cache_hit: bool = False
 
@@ -123,6 +126,9 @@ class Actual:
     chunk_ids: tuple[str, ...] | None = None
     # the progress verdict on a retrieval (core/progress.py); None: judge by "any chunk new" instead
     fruitful: bool | None = None
+    # ...and whether it was fruitful evidence for the task's question (Verdict.evidence): a task
+    # climbs to `escalate_to` only when its last retrieval was
+    evidence: bool = False
     finished: bool = False  # on_exhausted: finish rewrote the call to answer now (counted in the ledger)
 
 
@@ -130,8 +136,10 @@ def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, ne
                    now_ms: int) -> str | None:
     """The first dimension (DIMENSIONS order) this call would break, or None to admit it.
 
-    Counts admit while used + charge <= limit. Completion tokens and cost admit while the task
-    has not used its limit; cost also refuses when the part known up front would cross it.
+    Counts admit while used + charge <= limit. An LLM call is admitted on completion tokens and
+    cost while what the task has left gives each of its answers at least one output token, after
+    its prompt (`granted_output`: the call is then reserved, and capped at, what is left); cost
+    also refuses any call whose part known up front would cross the limit.
     The deadline refuses once `now - started >= max_latency_ms`.
     """
     for dim in DIMENSIONS:
@@ -145,10 +153,12 @@ def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, ne
         elif dim == "max_unique_queries":
             bad = new_query and ledger.used("unique_queries") + 1 > limit
         elif dim == "max_completion_tokens":
-            bad = charge.completion_reserve > 0 and ledger.used("completion_tokens") >= limit
+            bad = charge.completion_reserve > 0 and limit - ledger.used("completion_tokens") < charge.choices
         elif dim == "max_cost_usd":
             used = ledger.used("cost_nusd")
-            bad = charge.cost > 0 and (used + charge.cost_certain > limit or used >= limit)
+            bad = charge.cost > 0 and (used + charge.cost_certain > limit or used >= limit or (
+                charge.cost_reserve > 0 and _output_by_cost(limit - used - charge.cost_certain, charge)
+                < charge.choices))
         elif dim in PROGRESS_DIMENSIONS:
             bad = charge.retrieval_calls > 0 and ledger.used(COUNTER[dim]) >= limit  # type: ignore[arg-type]
         else:
@@ -157,6 +167,33 @@ def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, ne
         if bad:
             return dim
     return None
+
+
+def _output_by_cost(left_nusd: int, charge: Charge) -> int:
+    """Output tokens `left_nusd` pays for at the charge's output price (reserve.lua mirrors it)."""
+    return left_nusd * charge.completion_reserve // charge.cost_reserve if left_nusd > 0 else 0
+
+
+def granted_output(limits: Mapping[str, int], ledger: Ledger, charge: Charge) -> tuple[int, int]:
+    """(output tokens, their cost in nano-USD) an admitted LLM call is reserved: its
+    `completion_reserve`, or as much of it as the task has left under `max_completion_tokens` and
+    `max_cost_usd` after the call's prompt, rounded down to whole tokens per answer. The stage caps
+    the call's output at what this grants, so an admitted call cannot take its task past either
+    limit (worst-case admission). Calls that produce no output are reserved what they charge."""
+    tokens, cost = charge.completion_reserve, charge.cost_reserve
+    if tokens <= 0:
+        return tokens, cost
+    granted = tokens
+    comp = limits.get("max_completion_tokens")
+    if comp is not None:
+        granted = min(granted, comp - ledger.used("completion_tokens"))
+    lim = limits.get("max_cost_usd")
+    if lim is not None and cost > 0:
+        granted = min(granted, _output_by_cost(lim - ledger.used("cost_nusd") - charge.cost_certain, charge))
+    if granted >= tokens:
+        return tokens, cost
+    granted = max(0, granted) // charge.choices * charge.choices
+    return granted, cost * granted // tokens
 
 
 def exhausted(limits: Mapping[str, int], ledger: Ledger) -> str | None:
@@ -172,17 +209,21 @@ def exhausted(limits: Mapping[str, int], ledger: Ledger) -> str | None:
     return None
 
 
-def apply_charge(ledger: Ledger, charge: Charge, new_query: bool, now_ms: int, sign: int = 1) -> Reservation:
-    """Add an admitted call to `ledger` in place (the memory store; the Lua script mirrors it);
-    `sign=-1` takes it away again (a cancelled reservation)."""
+def apply_charge(ledger: Ledger, charge: Charge, new_query: bool, now_ms: int, sign: int = 1,
+                 output: tuple[int, int] | None = None) -> Reservation:
+    """Add an admitted call to `ledger` in place (the memory store; the Lua script mirrors it), its
+    output reserved as `output` grants (`granted_output`; default: all it asked); `sign=-1` takes a
+    charge away again (a cancelled reservation)."""
+    tokens, out_cost = output if output is not None else (charge.completion_reserve, charge.cost_reserve)
+    cost = charge.cost_certain + out_cost
     c = ledger.counters
     for name, add in (("steps", charge.steps), ("calls", charge.calls), ("retrieval_calls", charge.retrieval_calls),
                       ("rerank_calls", charge.rerank_calls), ("context_tokens", charge.context_tokens),
-                      ("completion_tokens", charge.completion_reserve), ("cost_nusd", charge.cost),
+                      ("completion_tokens", tokens), ("cost_nusd", cost),
                       ("unique_queries", 1 if new_query else 0), ("cache_hits", 1 if charge.cache_hit else 0)):
         if add:
             c[name] = c.get(name, 0) + sign * add
-    return Reservation(charge.context_tokens, charge.completion_reserve, charge.cost, new_query)
+    return Reservation(charge.context_tokens, tokens, cost, new_query)
 
 
 def used_value(dim: str, ledger: Ledger, charge: Charge | None, now_ms: int) -> float:
@@ -329,8 +370,9 @@ def effective_limits(profile: Profile, baggage: Mapping[str, str],
 
 def charge_for(kind: str, operation: str, *, prompt_tokens: int | None, max_output_tokens: int | None,
                default_max_output_tokens: int, cost_certain_usd: float, cost_reserve_usd: float,
-               query_key: str | None, cache_hit: bool, classified: bool = False) -> Charge:
+               query_key: str | None, cache_hit: bool, classified: bool = False, choices: int = 1) -> Charge:
     """The charge of one call. A cache hit is only a call: not a step, retrieval or new query.
+    `max_output_tokens`: the most output the LLM call may produce (all `choices` together).
 
     `classified`: the route's adapter read the call and named its operation, so `other` on a
     retrieval or rerank route (collection info, an upsert) is only a call; unread calls on such a
@@ -342,8 +384,10 @@ def charge_for(kind: str, operation: str, *, prompt_tokens: int | None, max_outp
         prompt = max(0, prompt_tokens or 0)
         reserve = max_output_tokens if max_output_tokens is not None and max_output_tokens >= 0 \
             else default_max_output_tokens
-        return Charge(steps=1, context_tokens=prompt, prompt_tokens=prompt, completion_reserve=max(1, reserve),
-                      cost_certain=round(cost_certain_usd * NANO), cost_reserve=round(cost_reserve_usd * NANO))
+        choices = max(1, choices)
+        return Charge(steps=1, context_tokens=prompt, prompt_tokens=prompt, completion_reserve=max(choices, reserve),
+                      cost_certain=round(cost_certain_usd * NANO), cost_reserve=round(cost_reserve_usd * NANO),
+                      choices=choices)
     unread = operation == "other" and not classified
     retrieval = operation == "retrieval" or (kind == "retrieval" and unread)
     rerank = operation == "rerank" or (kind == "rerank" and unread)

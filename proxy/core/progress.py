@@ -13,6 +13,13 @@ configured, by shared content words otherwise) has to clear a higher bar: reword
 question and getting one new result at rank 3 is what a runaway loop looks like; a new hop of a
 multi-hop question is a different query and brings new results at the top.
 
+Novelty is not progress on its own: a retrieval is **for the question** when at least half of its
+query's content words are the task's question's (the first query or user message this process saw
+for the task) or words of the top results of the task's earlier retrievals for the question (the
+next hop of a multi-hop question names what the previous hop found). An agent that asks a new,
+unrelated question each time gets fruitful verdicts (new results) that are not for the question:
+only a fruitful retrieval for the question lets a task climb to a larger profile (`escalate_to`).
+
 Reranks: a rerank whose documents were all ranked before in the task is fruitless.
 LLM steps: a tool call the model already made earlier in the transcript is a repeated step
 (`repeated_tool_calls`), recorded as a signal; the retrieval it leads to gets its own verdict.
@@ -26,7 +33,7 @@ import math
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 import orjson
@@ -48,6 +55,9 @@ RERANK_NEW = "new_documents"
 RERANK_SEEN = "documents_already_ranked"
 
 MAX_QUERIES = 32  # earlier queries a task keeps for the similarity check (the most recent)
+MAX_EVIDENCE_WORDS = 2048  # content words of a task's evidence for its question kept (the first ones)
+FOR_QUESTION = 0.5  # share of a query's content words the question and its evidence must hold
+MAX_EVIDENCE_TEXTS = 48  # top results of a task's evidence kept to read (when a query needs their words)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,13 @@ class Verdict:
     top: int = 0  # results looked at (at most top_k)
     similarity: float = 0.0  # to the most similar earlier query of the task
     similar_to: str | None = None  # that query
+    # the query asks for the task's question (or the evidence it led to); None: not judged (no question known)
+    for_question: bool | None = None
+
+    @property
+    def evidence(self) -> bool:
+        """Fruitful evidence for the task's question: what lets a task climb (`escalate_to`)."""
+        return bool(self.fruitful) and self.for_question is True
 
     def attributes(self) -> dict[str, object]:
         """Span / record attributes (without the `ragtoll.progress.` prefix)."""
@@ -78,6 +95,8 @@ class Verdict:
                                   "similarity": round(self.similarity, 3)}
         if self.fruitful is not None:
             out["fruitful"] = self.fruitful
+        if self.for_question is not None:
+            out["for_question"] = self.for_question
         if self.similar_to is not None:
             out["similar_to"] = self.similar_to[:200]
         return out
@@ -122,8 +141,9 @@ def lexical_similarity(query: str, earlier: Iterable[str]) -> tuple[float, str |
     return _most_similar(query, ((q, features(q).content) for q in earlier))
 
 
-def _most_similar(query: str, earlier: Iterable[tuple[str, frozenset[str]]]) -> tuple[float, str | None]:
-    mine = features(query).content
+def _most_similar(query: str, earlier: Iterable[tuple[str, frozenset[str]]],
+                  mine: frozenset[str] | None = None) -> tuple[float, str | None]:
+    mine = features(query).content if mine is None else mine
     own = normalize(query)
     best, which = 0.0, None
     for q, words in earlier:
@@ -133,32 +153,93 @@ def _most_similar(query: str, earlier: Iterable[tuple[str, frozenset[str]]]) -> 
     return best, which
 
 
+class _Task:
+    """What a process remembers of one task's search."""
+
+    __slots__ = ("asked", "evidence", "queries", "question")
+
+    def __init__(self, asked: str | None = None) -> None:
+        self.queries: deque[tuple[str, frozenset[str]]] = deque(maxlen=MAX_QUERIES)
+        self.asked = asked  # the task's question as first seen, read into `question` when a search needs it
+        # the task's question and its evidence's content words (None: no question known yet)
+        self.question: set[str] | None = None
+        # top results of its evidence not read into `question` yet (read when a query needs them)
+        self.evidence: list[str] = []
+
+    def words(self) -> set[str] | None:
+        if self.question is None and self.asked:
+            self.question = set(list(features(self.asked[:4096]).content)[:MAX_EVIDENCE_WORDS])
+        return self.question
+
+    def asks_for_it(self, query_words: frozenset[str], question: set[str]) -> bool:
+        """`for_question`, reading the evidence's words only when the question's own do not do."""
+        if for_question(query_words, question):
+            return True
+        if not self.evidence:
+            return False
+        for text in self.evidence:
+            if len(question) >= MAX_EVIDENCE_WORDS:
+                break
+            question.update(features(text).content)
+        self.evidence.clear()
+        return for_question(query_words, question)
+
+
 class RecentQueries:
     """Each task's last MAX_QUERIES retrieval queries with their content words, for the rewording
-    check; at most `max_tasks` tasks (least recently used dropped). Kept per process: on several
-    replicas a task's queries are judged against those its replica saw."""
+    check, and the content words of its question and of the evidence found for it; at most
+    `max_tasks` tasks (least recently used dropped). Kept per process: on several replicas a
+    task's queries are judged against those its replica saw."""
 
     def __init__(self, max_tasks: int = 10_000) -> None:
-        self._tasks: OrderedDict[str, deque[tuple[str, frozenset[str]]]] = OrderedDict()
+        self._tasks: OrderedDict[str, _Task] = OrderedDict()
         self._max_tasks = max_tasks
+
+    def _task(self, task_id: str) -> _Task:
+        task = self._tasks.get(task_id)
+        if task is None:
+            task = self._tasks[task_id] = _Task()
+            if len(self._tasks) > self._max_tasks:
+                self._tasks.popitem(last=False)
+        self._tasks.move_to_end(task_id)
+        return task
+
+    def asked(self, task_id: str, question: str | None) -> None:
+        """The task's question (its first query or user message), unless one is known already."""
+        if question and task_id not in self._tasks:
+            self._task(task_id).asked = question[:4096]
 
     def judge(self, task_id: str, chunks: Sequence[Chunk] | None, seen: AbstractSet[str], query: str | None,
               rules: ProgressRules) -> Verdict:
-        """The verdict on a retrieval of `task_id`; remembers its query for the next ones."""
-        earlier = self._tasks.get(task_id)
-        sim = _most_similar(query, earlier) if query and earlier else (0.0, None)
+        """The verdict on a retrieval of `task_id`; remembers its query for the next ones, and its
+        top results' words when it brought evidence for the question."""
+        task = self._tasks.get(task_id)
+        earlier = task.queries if task is not None else None
+        words = frozenset(features(query).content) if query else frozenset()
+        sim = _most_similar(query, earlier, words) if query and earlier else (0.0, None)
         verdict = judge_retrieval(chunks, seen, query, sim, rules.lexical_similarity, rules)
-        if query:
-            if earlier is None:
-                earlier = self._tasks[task_id] = deque(maxlen=MAX_QUERIES)
-                if len(self._tasks) > self._max_tasks:
-                    self._tasks.popitem(last=False)
-            self._tasks.move_to_end(task_id)
-            earlier.append((query, frozenset(features(query).content)))
+        if not query:
+            return verdict
+        task = self._task(task_id)
+        task.queries.append((query, words))
+        question = task.words()
+        if question is None:  # the task's first search names its question
+            question = task.question = set(words)
+        verdict = replace(verdict, for_question=task.asks_for_it(words, question))
+        if verdict.evidence and chunks and len(question) < MAX_EVIDENCE_WORDS and len(task.evidence) < MAX_EVIDENCE_TEXTS:
+            task.evidence.extend(chunk.text[:2048] for chunk in chunks[:rules.top_k] if chunk.text)
         return verdict
 
     def forget(self, task_id: str) -> None:
         self._tasks.pop(task_id, None)
+
+
+def for_question(query_words: AbstractSet[str], question: AbstractSet[str]) -> bool:
+    """A query asks for the question when at least FOR_QUESTION of its content words are the
+    question's or its evidence's (a query of no content words does not)."""
+    if not query_words:
+        return False
+    return len(query_words & question) >= FOR_QUESTION * len(query_words)
 
 
 def cosine_similarity(vector: Sequence[float], earlier: Iterable[tuple[str, Sequence[float]]]) -> tuple[float, str | None]:

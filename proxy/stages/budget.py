@@ -30,6 +30,7 @@ from ragtoll.instrumentation import semconv as sc
 from ..config import Profile, Settings, Timeouts
 from ..core import budget as bm
 from ..core.budget import Actual, Admission, Charge, Ledger, Selection, Settlement
+from ..core.ceilings import OutputCeilings
 from ..core.classifier import classify as _classify
 from ..core.hold import StreamHold, StreamState
 from ..core.pricing import Prices, Quote, allowed_output
@@ -37,6 +38,7 @@ from ..core.profiles import Profiles
 from ..core.progress import ProgressRules, RecentQueries, Verdict
 from ..core.signing import signed_profile, verify_budget_baggage
 from ..errors import BudgetExceeded, StoreUnavailable, UnreadableBody
+from ..model import Call
 from ..redact import redact
 from ..request.exchange import Exchange, Reply, Stage, contract
 from ..stores.base import Decision, Store, TaskMeta
@@ -50,6 +52,8 @@ WARNING_HEADER = b"x-ragtoll-budget-warning"
 WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
 EXHAUSTED_HEADER = b"x-ragtoll-budget-exhausted"  # an empty answer in place of a refused search or rerank
 FINISHED_HEADER = b"x-ragtoll-budget-finished"  # this call went past that limit once, tools disabled
+CAPPED_HEADER = b"x-ragtoll-budget-output-cap"  # the output cap (tokens per answer) ragtoll set: what the task had left
+_UNCAPPED = 1 << 62  # the most output of a call sent without a cap, when nothing else bounds it
 # timers fire at or after the clamped timeout; the wall clock may read a hair earlier than the deadline
 DEADLINE_SLACK_MS = 10
 
@@ -63,6 +67,9 @@ class _Plan:
     charge: Charge
     quote: Quote | None
     now: int
+    # LLM calls: the most output the call may produce as it would be sent, all answers together (its
+    # cap, else its model's ceiling, else the default reservation); 0 for other calls
+    most_output: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +80,8 @@ class _Reserved:
     limits: Mapping[str, int]
     notes: list[str]
     decision: Decision
+    charge: Charge  # what was reserved (a finish's own charge past the limit)
+    most_output: int = 0  # the most output the call may produce as it would be sent (_Plan.most_output)
     finished: str | None = None
 
 
@@ -96,6 +105,7 @@ class BudgetStage(Stage):
         self.store = store
         self.guard = StreamGuard(self.store, settings.on_store_error, self._wall_ms)
         self.prices: Prices | None = Prices.from_settings(settings)
+        self.ceilings = OutputCeilings(self.cfg.output_ceilings)
         self.profiles = Profiles(self.cfg, classify or _classify, self._profile_signed)
         self.hmac_key = hmac_key
         self._units: dict[str, dict[str, int]] = {}  # profile -> its limits in internal units
@@ -121,11 +131,23 @@ class BudgetStage(Stage):
         call, local = ex.call, ex.proposal is not None  # answered here (a cache hit): charged as a call
         sel = self.profiles.choose(ex.task.id, ex.route.upstream.name, ex.headers, dict(ex.task.baggage),
                                    call.prompt_texts, call.query, call.user_text)
+        if call.operation in bm.LLM_OPERATIONS or call.operation == "retrieval":
+            self._queries.asked(ex.task.id, bm.first_query(call.prompt_texts, call.query, call.user_text))
         if call.parse_error and not local:
             self._unreadable(ex, sel.profile)
         # one price quote per call (cost is linear in output): the charge and the stream allowance
         quote = self.prices.quote(ex.route.upstream, call) if self.prices is not None and not local else None
-        return _Plan(sel, dict(ex.task.baggage), self._charge(ex, local, quote), quote, self._wall_ms())
+        most = self._most_output(call) if call.operation in bm.LLM_OPERATIONS and not local else 0
+        return _Plan(sel, dict(ex.task.baggage), self._charge(ex, local, quote, most), quote, self._wall_ms(), most)
+
+    def _most_output(self, call: Call) -> int:
+        """The most output an LLM call may produce as it would be sent, all its answers together: its
+        cap; without one, its model's output ceiling (a stream: the default reservation, extended as
+        it runs); else `default_max_output_tokens` per answer."""
+        if call.max_output_tokens is not None and call.max_output_tokens >= 0:
+            return max(call.max_output_tokens, call.choices)
+        ceiling = None if call.stream else self.ceilings.of(call.model)
+        return (ceiling or self.cfg.default_max_output_tokens) * max(1, call.choices)
 
     async def _reserve(self, ex: Exchange, plan: _Plan) -> _Reserved:
         """The store's decision. A task another replica gave a profile first keeps it (reserved again
@@ -143,15 +165,16 @@ class BudgetStage(Stage):
         return reserved
 
     async def _reserve_as(self, ex: Exchange, plan: _Plan, sel: Selection,
-                          limits: Mapping[str, int] | None = None) -> _Reserved:
+                          limits: Mapping[str, int] | None = None, charge: Charge | None = None) -> _Reserved:
         task = ex.task
         assert task is not None  # on_request returns early for calls without a task
         notes: list[str] = []
         if limits is None:
             limits, notes = self._limits(sel.profile, plan.baggage, task.id, plan.now)
+        charge = charge or plan.charge
         meta = TaskMeta(sel.profile, sel.cls, ex.route.upstream.name, task.source, f"{task.trace_id:032x}")
-        decision = await self.store.reserve(task.id, meta, limits, plan.charge, plan.now, self._shadow(sel.profile))
-        return _Reserved(sel, limits, notes, decision)
+        decision = await self.store.reserve(task.id, meta, limits, charge, plan.now, self._shadow(sel.profile))
+        return _Reserved(sel, limits, notes, decision, charge, plan.most_output)
 
     async def _escalate(self, ex: Exchange, refused: _Reserved) -> Selection | None:
         """The task's selection after it climbed to its profile's `escalate_to`, or None."""
@@ -167,13 +190,14 @@ class BudgetStage(Stage):
 
     async def _finish(self, ex: Exchange, plan: _Plan, reserved: _Reserved) -> _Reserved:
         """`on_exhausted: finish`: the task's first refused LLM call goes past its limit once, tools
-        disabled (charged, no limits: no stream cut, no deadline clamp); an admitted LLM call of a
-        task whose search has ended is asked to answer now."""
+        disabled, one answer, within the profile's finish allowance (`_finish_past`); an admitted
+        LLM call of a task whose search has ended is asked to answer now."""
         profile, shadow, d = self._profile(reserved.sel.profile), self._shadow(reserved.sel.profile), reserved.decision
         finished = None
-        if not d.admitted and exhaustion.may_finish(ex, profile, d, shadow) and exhaustion.rewrite(ex, profile):
-            passed = await self._reserve_as(ex, plan, reserved.sel, limits={})
-            reserved, finished = replace(passed, notes=reserved.notes), d.dimension
+        if not d.admitted and exhaustion.may_finish(ex, profile, d, shadow):
+            passed = await self._finish_past(ex, plan, reserved, profile)
+            if passed is not None:
+                reserved, finished = passed, d.dimension
         elif d.admitted and exhaustion.finishes(ex, profile, shadow) \
                 and (ended := bm.exhausted(reserved.limits, d.ledger)) and exhaustion.rewrite(ex, profile):
             finished = ended  # the task can search no more: answer now
@@ -181,13 +205,41 @@ class BudgetStage(Stage):
             ex.response_headers.append((FINISHED_HEADER, finished.encode()))
         return replace(reserved, finished=finished)
 
+    async def _finish_past(self, ex: Exchange, plan: _Plan, refused: _Reserved, profile: Profile) -> _Reserved | None:
+        """The finish past the limit, as an allowance: one answer, its output capped at
+        `finish_max_output_tokens` and its cost, prompt included, at the finish cost allowance beyond
+        what the task had used (at most its limit), so the task ends at most at its limit plus the
+        allowance; a stream is held and cut within it like any other. None (refused as it was) when
+        the prompt alone costs more than the allowance or the API cannot be asked to answer now."""
+        tokens, cost_usd = profile.finish_allowance()
+        allowance = round(cost_usd * bm.NANO)
+        charge = plan.charge
+        if charge.cost_certain > allowance:
+            return None
+        per_answer = max(1, plan.most_output // max(1, charge.choices))
+        out = min(per_answer, tokens)
+        price = plan.quote.per_output_usd if plan.quote is not None else 0.0
+        finish = replace(charge, completion_reserve=out, cost_reserve=round(out * price * bm.NANO), choices=1)
+        ledger, limits = refused.decision.ledger, refused.limits
+        base = {dim: min(ledger.used(counter), limits[dim]) if dim in limits else ledger.used(counter)
+                for dim, counter in (("max_completion_tokens", "completion_tokens"), ("max_cost_usd", "cost_nusd"))}
+        allowed = {"max_completion_tokens": base["max_completion_tokens"] + tokens,
+                   "max_cost_usd": base["max_cost_usd"] + allowance}
+        if not exhaustion.rewrite(ex, profile):
+            return None
+        # the finish always goes out with a cap (the allowance's, if the call named none or a larger one)
+        sent = per_answer if ex.call.max_output_tokens is not None else _UNCAPPED
+        passed = await self._reserve_as(ex, replace(plan, most_output=sent), refused.sel, limits=allowed,
+                                        charge=finish)
+        return replace(passed, notes=refused.notes) if passed.decision.admitted else None
+
     def _admit(self, ex: Exchange, plan: _Plan, r: _Reserved) -> Reply | None:
         """The admission on the exchange and its headers; then a refusal (raised, or an empty answer),
         or the admitted call's deadline and stream hold."""
         d, shadow = r.decision, self._shadow(r.sel.profile)
         deadline = r.limits.get("max_latency_ms")
         adm = ex.admission = Admission(
-            d.admitted, plan.charge, d.reservation, r.limits, r.sel.profile, shadow, dimension=d.dimension,
+            d.admitted, r.charge, d.reservation, r.limits, r.sel.profile, shadow, dimension=d.dimension,
             seen_chunks=d.seen_chunks, finished=r.finished,
             deadline_ms=d.ledger.started_ms + deadline if deadline is not None and d.ledger.started_ms and not shadow
             else None)
@@ -202,6 +254,8 @@ class BudgetStage(Stage):
             ex.outcome = "rejected"
             return Reply(200, empty, [(EXHAUSTED_HEADER, (d.dimension or "").encode())])
         ex.budget_record = record  # written when the call span has a moment (budget_span.py)
+        if not shadow and d.reservation.completion_tokens < r.most_output:
+            self._cap_output(ex, r.charge, d.reservation.completion_tokens)
         if adm.deadline_ms is not None:
             left_s = max(0.001, (adm.deadline_ms - plan.now) / 1000)
             t = ex.timeouts or ex.route.upstream.timeouts
@@ -212,23 +266,38 @@ class BudgetStage(Stage):
             ex.stream_state = StreamState(self._hold(ex, adm, d.ledger, plan.quote))
         return None
 
+    def _cap_output(self, ex: Exchange, charge: Charge, granted: int) -> None:
+        """Worst-case admission: the task had less left than the call may produce as sent, so its
+        output cap becomes what was granted (per answer), written into the request."""
+        if charge.completion_reserve <= 0 or ex.body is None:
+            return
+        per_answer = max(1, granted // max(1, charge.choices))
+        body = ex.route.adapter.cap_output(ex.target.split("?", 1)[0], ex.body, per_answer)
+        if body is None:
+            return
+        ex.body = body
+        ex.response_headers.append((CAPPED_HEADER, str(per_answer).encode()))
+        if ex.span is not None:
+            ex.span.set_attribute(sc.BUDGET_OUTPUT_CAP, per_answer)
+
     def _hold(self, ex: Exchange, adm: Admission, ledger: Ledger, quote: Quote | None) -> StreamHold | None:
         """A stream's hold: its own reservation, but never more than the task had left when it was
         admitted, so the holds of a task's streams never add up to more than its limit."""
-        limits, charge = adm.limits, adm.charge
+        limits, charge, res = adm.limits, adm.charge, adm.reservation
         if charge.completion_reserve <= 0:
             return None
         tokens = cost = None
         comp = limits.get("max_completion_tokens")
         if comp is not None:
-            before = ledger.used("completion_tokens") - charge.completion_reserve
-            tokens = min(charge.completion_reserve, max(0, comp - before))
+            before = ledger.used("completion_tokens") - res.completion_tokens
+            tokens = min(res.completion_tokens, max(0, comp - before))
         price = 0.0
         limit = limits.get("max_cost_usd")
         if limit is not None and quote is not None and ex.call.operation in bm.LLM_OPERATIONS:
             price = max(0.0, quote.per_output_usd) * bm.NANO
-            before = ledger.used("cost_nusd") - charge.cost
-            cost = min(charge.cost_reserve, max(0, limit - before - charge.cost_certain)) if price > 0 else None
+            before = ledger.used("cost_nusd") - res.cost_nusd
+            held = res.cost_nusd - charge.cost_certain
+            cost = min(held, max(0, limit - before - charge.cost_certain)) if price > 0 else None
         if tokens is None and cost is None:
             return None
         return StreamHold(tokens, cost, price, self.cfg.stream_extension_tokens)
@@ -277,13 +346,13 @@ class BudgetStage(Stage):
         if call.operation == "retrieval" and call.query_key is None:
             call.query_key = "unreadable:" + hashlib.sha256(body).hexdigest()[:32]
 
-    def _charge(self, ex: Exchange, cache_hit: bool, quote: Quote | None) -> Charge:
+    def _charge(self, ex: Exchange, cache_hit: bool, quote: Quote | None, most_output: int) -> Charge:
         call, up = ex.call, ex.route.upstream
         certain = reserve = 0.0
         if quote is not None and not quote.priced and ex.span is not None:
             ex.span.set_attribute(sc.COST_ESTIMATED, True)  # reserved at `pricing.default`
         if quote is not None:
-            total = quote.usd(allowed_output(call, self.cfg.default_max_output_tokens))
+            total = quote.usd(most_output or allowed_output(call, self.cfg.default_max_output_tokens))
             if call.operation in bm.LLM_OPERATIONS:
                 certain = quote.base_usd
                 reserve = max(0.0, total - certain)
@@ -291,10 +360,10 @@ class BudgetStage(Stage):
                 certain = total
         key = getattr(call, "query_key", None) or bm.query_key_of(call.query)
         return bm.charge_for(up.kind, call.operation, prompt_tokens=call.prompt_tokens,
-                             max_output_tokens=call.max_output_tokens,
+                             max_output_tokens=most_output or call.max_output_tokens,
                              default_max_output_tokens=self.cfg.default_max_output_tokens * max(1, call.choices),
                              cost_certain_usd=certain, cost_reserve_usd=reserve, query_key=key, cache_hit=cache_hit,
-                             classified=ex.route.adapter.reads_body)
+                             classified=ex.route.adapter.reads_body, choices=call.choices)
 
     def _store_failed(self, ex: Exchange, exc: BaseException) -> None:
         store_failed(self.settings, ex, exc, "budget store")
@@ -400,7 +469,8 @@ class BudgetStage(Stage):
         chunks = tuple(ch.id for ch in obs.chunks) if retrieved and obs.chunks else None
         if adm.charge.cache_hit:  # charged as a call; its chunks are the task's evidence all the same
             verdict = self._judge(ex, adm) if chunks is not None else None
-            return Actual(chunk_ids=chunks, fruitful=verdict.fruitful if verdict else None), verdict
+            return Actual(chunk_ids=chunks, fruitful=verdict.fruitful if verdict else None,
+                          evidence=verdict.evidence if verdict else False), verdict
         if ex.status is None or ex.status >= 400:  # no answer, or an error answer: nothing was produced
             return Actual(), None
         u = obs.usage
@@ -423,7 +493,7 @@ class BudgetStage(Stage):
             context, completion = 0, 0  # not an LLM call: its tokens are not the task's context
         chunk_ids = tuple(ch.id for ch in obs.chunks or ()) if retrieved else None
         return Actual(context, completion, cost, chunk_ids, verdict.fruitful if verdict else None,
-                      finished=adm.finished is not None), verdict
+                      evidence=verdict.evidence if verdict else False, finished=adm.finished is not None), verdict
 
     def _cost(self, ex: Exchange, reserved: int) -> int:
         """The tokens used, at the model's price or else at `pricing.default` (an estimate); the

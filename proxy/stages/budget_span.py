@@ -14,7 +14,7 @@ from typing import Any
 from ragtoll.instrumentation import semconv as sc
 
 from ..core import budget as bm
-from ..core.budget import Actual, Admission, Charge, Ledger, Selection
+from ..core.budget import Actual, Admission, Charge, Ledger, Reservation, Selection
 from ..core.hold import StreamState
 from ..core.progress import Verdict
 from ..request.exchange import Exchange
@@ -59,7 +59,7 @@ def record_reservation(span: Any, adm: Admission, sel: Selection, notes: list[st
         attrs[sc.BUDGET_FINISHED] = adm.finished
     span.set_attributes(attrs)
     if d.admitted:
-        span.add_event(sc.EVENT_CHARGE, timestamp=at_ns, attributes=_charged(charge, d.reservation.new_query))
+        span.add_event(sc.EVENT_CHARGE, timestamp=at_ns, attributes=_charged(charge, d.reservation))
     for dim, share in warn.items():
         span.add_event(sc.EVENT_WARNING, {"dimension": dim, "used_fraction": round(share, 4)}, timestamp=at_ns)
     if d.dimension:
@@ -70,13 +70,14 @@ def record_reservation(span: Any, adm: Admission, sel: Selection, notes: list[st
             "mode": "shadow" if adm.shadow else "enforce", "would_reject": adm.shadow})
 
 
-def _charged(charge: Charge, new_query: bool) -> dict[str, Any]:
-    """The charge event's attributes: what the reservation added, the zeros left out."""
+def _charged(charge: Charge, res: Reservation) -> dict[str, Any]:
+    """The charge event's attributes: what the reservation added (its output as granted), the zeros left out."""
     return {k: v for k, v in (
         ("steps", charge.steps), ("calls", charge.calls), ("retrieval_calls", charge.retrieval_calls),
         ("rerank_calls", charge.rerank_calls), ("context_tokens", charge.context_tokens),
-        ("completion_tokens_reserved", charge.completion_reserve), ("cost_usd_reserved", bm.usd(charge.cost)),
-        ("unique_queries", int(new_query)), ("cache_hit", charge.cache_hit)) if v}
+        ("completion_tokens_reserved", res.completion_tokens if res.id else charge.completion_reserve),
+        ("cost_usd_reserved", bm.usd(res.cost_nusd if res.id else charge.cost)),
+        ("unique_queries", int(res.new_query)), ("cache_hit", charge.cache_hit)) if v}
 
 
 def record_settlement(span: Any, adm: Admission, stream: StreamState | None, ledger: Ledger | None, actual: Actual,

@@ -14,13 +14,13 @@ from ..stores.base import Decision
 
 def escalation(profile: Profile, refusal: Decision, shadow: bool) -> str | None:
     """The profile a refused task climbs to: `escalate_to`, when a count or amount (not a progress
-    limit) refused it and its last retrieval was fruitful, with at least one fruitful retrieval in
-    all (the store lets it climb once)."""
+    limit) refused it and its last retrieval was fruitful evidence for its question (new top
+    results for a query that asks for the question or what its evidence named: core/progress.py),
+    not mere novelty. The store checks that again as it moves the task, once; every limit of the
+    larger profile then applies (config requires it to bound model calls or cost, and searches)."""
     if profile.escalate_to is None or shadow or refusal.dimension in (None, *bm.PROGRESS_DIMENSIONS):
         return None
-    ledger = refusal.ledger
-    progressing = ledger.used("stalled") == 0 and ledger.used("retrieval_calls") > ledger.used("fruitless")
-    return profile.escalate_to if progressing else None
+    return profile.escalate_to if refusal.ledger.used("last_evidence") == 1 else None
 
 
 def finishes(ex: Exchange, profile: Profile, shadow: bool) -> bool:
@@ -31,10 +31,12 @@ def finishes(ex: Exchange, profile: Profile, shadow: bool) -> bool:
 
 
 def may_finish(ex: Exchange, profile: Profile, refusal: Decision, shadow: bool) -> bool:
-    """A refused LLM call is finished past its limit when that limit is not its own prompt's size
-    and this is the task's first refusal (the store counted it: one per task, across replicas)."""
+    """A refused LLM call may be finished past its limit (within the profile's finish allowance)
+    when that limit is not its own prompt's size, this is the task's first refusal (the store
+    counted it: one per task, across replicas), and the task has had a model call within its
+    limits: never its first call, so a task id made up per call never gets a finish."""
     return (finishes(ex, profile, shadow) and refusal.dimension != "max_prompt_tokens"
-            and sum(refusal.ledger.rejections.values()) == 1)
+            and sum(refusal.ledger.rejections.values()) == 1 and refusal.ledger.used("steps") >= 1)
 
 
 def rewrite(ex: Exchange, profile: Profile) -> bool:

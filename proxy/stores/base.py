@@ -77,7 +77,9 @@ class Store(Protocol):
                       expires_ms: int = 0) -> Decision:
         """Check every dimension of `limits` (internal units) and, if all admit, add `charge` and
         keep it as reservation `reservation_id` (made here when empty) until `expires_ms`
-        (default: DEFAULT_RESERVATION_TTL_MS from now).
+        (default: DEFAULT_RESERVATION_TTL_MS from now). An LLM call's output is reserved as
+        `budget.granted_output` grants (what the task has left, at most what it asked; enforced
+        profiles only): the returned reservation says how much.
 
         A refusal counts one rejection for the dimension and records it as the task's exhausted
         dimension (the first one to be hit). Creates the task on its first call. A reservation id
@@ -109,9 +111,10 @@ class Store(Protocol):
         ...
 
     async def escalate(self, task_id: str, from_profile: str, to_profile: str, dimension: str) -> bool:
-        """Move the task from `from_profile` to `to_profile` if it still runs under `from_profile`
-        and has never moved (a profile's `escalate_to`: one climb per task), undoing the refusal by
-        `dimension` that asked for it (one rejection; the exhausted mark it set). True when it moved."""
+        """Move the task from `from_profile` to `to_profile` if it still runs under `from_profile`,
+        has never moved (a profile's `escalate_to`: one climb per task) and its last retrieval was
+        settled as evidence for its question (`Actual.evidence`), undoing the refusal by `dimension`
+        that asked for it (one rejection; the exhausted mark it set). True when it moved."""
         ...
 
     async def get_task(self, task_id: str) -> Ledger | None: ...

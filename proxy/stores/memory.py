@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..core.budget import Actual, Charge, Ledger, Reservation, apply_charge, first_exceeded
+from ..core.budget import Actual, Charge, Ledger, Reservation, apply_charge, first_exceeded, granted_output
 from ..core.hold import Grant, grant_extension
 from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, new_reservation_id, reservation_expiry, wants_seen
 
@@ -76,7 +76,8 @@ class MemoryStore:
             if task.queries is None:
                 task.queries = set()
             task.queries.add(charge.query_key)  # type: ignore[arg-type]
-        reservation = dataclasses.replace(apply_charge(ledger, charge, new_query, now_ms),
+        output = None if shadow else granted_output(limits, ledger, charge)  # worst-case admission
+        reservation = dataclasses.replace(apply_charge(ledger, charge, new_query, now_ms, output=output),
                                           id=reservation_id or new_reservation_id(),
                                           expires_ms=expires_ms or reservation_expiry(now_ms))
         task.holds[reservation.id] = _Hold(charge, reservation)
@@ -113,11 +114,10 @@ class MemoryStore:
                 self._cancelled.popitem(last=False)
             return False
         res, ledger = hold.reservation, task.ledger
-        apply_charge(ledger, hold.charge, res.new_query, now_ms, sign=-1)
+        # the charge's counts, and the output the reservation holds now (as granted, extensions included)
+        apply_charge(ledger, hold.charge, res.new_query, now_ms, sign=-1,
+                     output=(res.completion_tokens, res.cost_nusd - hold.charge.cost_certain))
         c = ledger.counters
-        # what extensions added beyond the charge
-        c["completion_tokens"] = c.get("completion_tokens", 0) - (res.completion_tokens - hold.charge.completion_reserve)
-        c["cost_nusd"] = c.get("cost_nusd", 0) - (res.cost_nusd - hold.charge.cost)
         c["inflight"] = max(0, c.get("inflight", 0) - 1)
         if res.new_query and task.queries is not None:
             task.queries.discard(hold.charge.query_key)
@@ -151,6 +151,11 @@ class MemoryStore:
             c["stalled"] = 0 if fruitful else c.get("stalled", 0) + 1
             if not fruitful:
                 c["fruitless"] = c.get("fruitless", 0) + 1
+            if fruitful and actual.evidence:  # fruitful evidence for the task's question (escalate)
+                c["evidence"] = c.get("evidence", 0) + 1
+                c["last_evidence"] = 1
+            else:
+                c.pop("last_evidence", None)
             task.ledger.chunks_seen = len(task.chunks)
         task.ledger.last_ms = max(task.ledger.last_ms, now_ms)
         return _copy(task.ledger)
@@ -158,6 +163,8 @@ class MemoryStore:
     async def escalate(self, task_id: str, from_profile: str, to_profile: str, dimension: str) -> bool:
         task = self._tasks.get(task_id)
         if task is None or task.ledger.profile != from_profile or task.ledger.counters.get("escalated", 0):
+            return False
+        if task.ledger.counters.get("last_evidence", 0) != 1:  # its last retrieval was not evidence
             return False
         ledger = task.ledger
         ledger.profile = to_profile

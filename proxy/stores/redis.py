@@ -153,7 +153,8 @@ class RedisStore:
             charge.cost_reserve, 1 if charge.cache_hit else 0,
         ]
         args.extend(limits.get(d, -1) for d in DIMENSIONS)
-        args.extend((meta.source, meta.trace_id, SEEN_CHUNKS_CAP if wants_seen(charge) else 0, rid, expires))
+        args.extend((meta.source, meta.trace_id, SEEN_CHUNKS_CAP if wants_seen(charge) else 0, rid, expires,
+                     charge.choices))
         out = await self._run(self._reserve, (h, q, c, holds_key(task_id)), args)
         self._touch(task_id, now_ms)
         status = out[0].decode()
@@ -167,10 +168,11 @@ class RedisStore:
         if status == "reject":
             return Decision(False, dim, _ledger(task_id, out[3:]), Reservation())
         new_query = int(out[2]) == 1
-        n = int(out[3])
-        seen = frozenset(m.decode() for m in out[4:4 + n]) if n >= 0 else None
-        return Decision(True, dim, _ledger(task_id, out[4 + max(n, 0):]),
-                        Reservation(charge.context_tokens, charge.completion_reserve, charge.cost, new_query,
+        tokens, out_cost = int(out[3]), int(out[4])  # the output granted (budget.granted_output)
+        n = int(out[5])
+        seen = frozenset(m.decode() for m in out[6:6 + n]) if n >= 0 else None
+        return Decision(True, dim, _ledger(task_id, out[6 + max(n, 0):]),
+                        Reservation(charge.context_tokens, tokens, charge.cost_certain + out_cost, new_query,
                                     rid, expires),
                         seen_chunks=seen)
 
@@ -326,7 +328,10 @@ def now_ms() -> int:
 
 
 def _chunks_arg(actual: Actual) -> str:
-    """settle.lua's ARGV[6]: no chunks (0); chunks judged by novelty (1); by a verdict (f, x)."""
+    """settle.lua's ARGV[6]: no chunks (0); chunks judged by novelty (1); by a verdict (f, x; e:
+    fruitful evidence for the task's question)."""
     if actual.chunk_ids is None:
         return "0"
-    return "1" if actual.fruitful is None else "f" if actual.fruitful else "x"
+    if actual.fruitful is None:
+        return "1"
+    return ("e" if actual.evidence else "f") if actual.fruitful else "x"

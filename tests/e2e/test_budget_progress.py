@@ -33,7 +33,8 @@ async def search_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     topic = next((t for t in TOPICS if t in query.lower()), "leave")
     tail = [f"tail-{zlib.crc32(query.encode()):08x}-{i}" for i in range(2)]
     ids = TOPICS[topic] + tail
-    results = [{"id": cid, "text": f"text of {cid}", "score": round(0.9 - 0.1 * i, 2)} for i, cid in enumerate(ids)]
+    results = [{"id": cid, "text": f"text of {cid.replace('-', ' ')}", "score": round(0.9 - 0.1 * i, 2)}
+               for i, cid in enumerate(ids)]
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": orjson.dumps({"results": results})})
 
@@ -92,17 +93,19 @@ def test_a_new_hop_is_progress_and_resets_the_stall(proxy: ProxyFactory, search_
 
 def escalating(small: dict[str, Any]) -> dict[str, Any]:
     return {"default_profile": "small", "profiles": {"small": {**small, "escalate_to": "large"},
-                                                     "large": {"max_retrieval_calls": 6}}}
+                                                     "large": {"max_retrieval_calls": 6, "max_steps": 20}}}
 
 
 def test_a_task_still_making_progress_climbs_to_the_larger_profile_once(proxy: ProxyFactory, search_url: str,
                                                                           telemetry: Telemetry) -> None:
-    hops = [REWORDINGS[0], "who approves expense reports", "travel booking rules"]
+    # each hop asks for what the previous one found (its words are the question's or its evidence's)
+    hops = [REWORDINGS[0], "expense approval forms", "travel approval receipts"]
     with proxy(upstreams=ups(search_url), budgets=escalating({"max_retrieval_calls": 2}),
                cache={"enabled": False}) as base:
         statuses = run(base, hops + [f"{REWORDINGS[1]} {i}" for i in range(5)])
-    # three hops, each new at the top: the third climbs to `large` (6 retrievals) instead of a
-    # refusal; three fruitless rewordings follow, then large's own count refuses (never a 2nd climb)
+    # three hops, each new at the top and each evidence for the question: the third climbs to `large`
+    # (6 retrievals) instead of a refusal; three fruitless rewordings follow, then large's own count
+    # refuses (never a 2nd climb)
     assert statuses == [200, 200, 200, 200, 200, 200, 429, 429]
     deadline = time.monotonic() + 5
     notes: list[str] = []
@@ -111,6 +114,16 @@ def test_a_task_still_making_progress_climbs_to_the_larger_profile_once(proxy: P
                  if "escalated from 'small' to 'large'" in n]
         time.sleep(0.02)
     assert notes
+
+
+def test_new_questions_are_not_progress_and_do_not_climb(proxy: ProxyFactory, search_url: str) -> None:
+    """The same new top results, but each hop asks an unrelated question: novelty, not evidence for
+    the task's question, so the task is refused where it is."""
+    hops = [REWORDINGS[0], "who approves expense reports", "travel booking rules"]
+    with proxy(upstreams=ups(search_url), budgets=escalating({"max_retrieval_calls": 2}),
+               cache={"enabled": False}) as base:
+        statuses = run(base, hops)
+    assert statuses == [200, 200, 429]
 
 
 def test_a_stuck_task_does_not_climb(proxy: ProxyFactory, search_url: str) -> None:

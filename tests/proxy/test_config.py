@@ -103,6 +103,14 @@ def test_env_overrides_a_file(tmp_path: Path) -> None:
     ("budgets: {default_profile: p, profiles: {p: {escalate_to: p}}}", "'budgets.profiles.p.escalate_to'"),
     ("budgets: {default_profile: p, profiles: {p: {on_exhausted_retrieval: drop}}}",
      "'budgets.profiles.p.on_exhausted_retrieval' has value 'drop'. Expected one of: reject, empty"),
+    # a climbed task is bounded by the larger profile's ceilings: it must have some
+    ("budgets: {default_profile: p, profiles: {p: {escalate_to: q}, q: {max_retrieval_calls: 9}}}",
+     "'q' sets none of max_steps, max_calls, max_cost_usd"),
+    ("budgets: {default_profile: p, profiles: {p: {escalate_to: q}, q: {max_steps: 9}}}",
+     "'q' sets none of max_retrieval_calls, max_unique_queries, max_calls"),
+    ("budgets: {default_profile: p, profiles: {p: {finish_max_output_tokens: 0}}}",
+     "'budgets.profiles.p.finish_max_output_tokens' has value 0"),
+    ("budgets: {output_ceilings: {my-llm: 0}}", "'budgets.output_ceilings.my-llm' has value 0"),
 ])
 def test_bad_config_names_key_value_and_fix(tmp_path: Path, text: str, needle: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -186,3 +194,16 @@ def test_check_config_says_how_the_evidence_cache_treats_each_retrieval_route() 
         "  /docs: per caller view, served up to 60 s old without a confirmed version, probe GET /version",
         "  /kb: shared by ACL, served up to 300 s old without a confirmed version, no probe"]
     assert _cache_summary(config.parse({"upstreams": [docs], "cache": {"enabled": False}})) == []
+
+
+def test_the_finish_allowance_is_small_by_default() -> None:
+    assert config.Profile().finish_allowance() == (1024, 0.05)
+    assert config.Profile(max_cost_usd=0.01).finish_allowance() == (1024, 0.001)  # a tenth of the limit
+    assert config.Profile(max_cost_usd=0.01, finish_max_cost_usd=0.5, finish_max_output_tokens=64).finish_allowance() \
+        == (64, 0.5)
+
+
+def test_the_embedded_default_bounds_searches_and_the_prompt() -> None:
+    bounded = config.parse({}).budgets.profiles["bounded"]
+    assert (bounded.max_retrieval_calls, bounded.max_prompt_tokens, bounded.max_steps, bounded.max_cost_usd) \
+        == (40, 128_000, 40, 1.0)

@@ -9,9 +9,11 @@
 --       15 completion_reserve 16 cost_certain 17 cost_reserve 18 cache_hit(0|1)
 --       19..30 limits in DIMENSIONS order (-1 = unlimited) 31 task source 32 trace id (hex)
 --       33 seen cap: > 0 asks for the task's chunk ids when there are at most that many
---       34 reservation id 35 its expiry (ms)
+--       34 reservation id 35 its expiry (ms) 36 choices (answers asked for: one output token each at least)
 -- Returns {'cancelled'} | {'duplicate'} | {'conflict', stored_profile} | {'reject', dimension|'', 0, HGETALL...}
---       | {'ok', dimension|'', new_query(0|1), n (-1: not returned), n chunk ids..., HGETALL...}
+--       | {'ok', dimension|'', new_query(0|1), granted output tokens, their cost, n (-1: not returned),
+--          n chunk ids..., HGETALL...}
+-- An admitted LLM call is reserved as much of its output as the task has left (budget.granted_output).
 local h, q, c, r = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local rid = ARGV[34]
 local prior = redis.call('HGET', r, rid)
@@ -42,6 +44,9 @@ local steps, calls, retr, rer = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(
 local ctx, prompt, comp = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 local cost_certain, cost_reserve = tonumber(ARGV[16]), tonumber(ARGV[17])
 local cost = cost_certain + cost_reserve
+local choices = tonumber(ARGV[36] or '1')
+-- output tokens `left` nano-USD pay for at this call's output price (budget._output_by_cost)
+local function by_cost(left) if left <= 0 then return 0 end; return math.floor(left * comp / cost_reserve) end
 
 local newq = 0
 if qk ~= '' and redis.call('SISMEMBER', q, qk) == 0 then newq = 1 end
@@ -59,8 +64,9 @@ local checks = {
   function(l) return rer > 0 and u[5] + rer > l end,
   function(l) return ctx > 0 and u[6] + ctx > l end,
   function(l) return prompt > l end,
-  function(l) return comp > 0 and u[7] >= l end,
-  function(l) return cost > 0 and (u[8] + cost_certain > l or u[8] >= l) end,
+  function(l) return comp > 0 and l - u[7] < choices end,
+  function(l) return cost > 0 and (u[8] + cost_certain > l or u[8] >= l
+                                   or (cost_reserve > 0 and by_cost(l - u[8] - cost_certain) < choices)) end,
   function(l) return u[10] > 0 and now - u[10] >= l end,
   function(l) return retr > 0 and u[9] >= l end,
   function(l) return retr > 0 and u[11] >= l end,
@@ -87,8 +93,22 @@ if dim ~= '' and not shadow then
 end
 if dim ~= '' then redis.call('HINCRBY', h, 'srej:' .. dim, 1) end
 
+-- worst-case admission: the output reserved is what the task has left, at most what was asked
+local g_comp, g_cost = comp, cost_reserve
+if comp > 0 and not shadow then
+  local g = comp
+  if lim(8) ~= nil then g = math.min(g, lim(8) - u[7]) end
+  if lim(9) ~= nil and cost_reserve > 0 then g = math.min(g, by_cost(lim(9) - u[8] - cost_certain)) end
+  if g < comp then
+    if g < 0 then g = 0 end
+    g_comp = math.floor(g / choices) * choices
+    g_cost = math.floor(cost_reserve * g_comp / comp)
+  end
+end
+local held = cost_certain + g_cost
+
 local adds = {{'steps', steps}, {'calls', calls}, {'retrieval_calls', retr}, {'rerank_calls', rer},
-              {'context_tokens', ctx}, {'completion_tokens', comp}, {'cost_nusd', cost}, {'inflight', 1}}
+              {'context_tokens', ctx}, {'completion_tokens', g_comp}, {'cost_nusd', held}, {'inflight', 1}}
 if ARGV[18] == '1' then adds[#adds + 1] = {'cache_hits', 1} end
 for _, a in ipairs(adds) do
   if a[2] ~= 0 then redis.call('HINCRBY', h, a[1], a[2]) end
@@ -99,14 +119,14 @@ if newq == 1 then
   redis.call('HSET', r, rid .. '#q', 'q ' .. qk)
 end
 redis.call('HSET', r, rid, string.format('r %d %d %d %d %d %d %d %d %d %d', tonumber(ARGV[35]), steps, calls, retr,
-                                         rer, ctx, comp, cost, newq, tonumber(ARGV[18])))
+                                         rer, ctx, g_comp, held, newq, tonumber(ARGV[18])))
 expire_all()
-local out = {'ok', dim, newq, -1}
+local out = {'ok', dim, newq, g_comp, g_cost, -1}
 local cap = tonumber(ARGV[33] or '0')
 if cap > 0 then  -- a retrieval: the evidence the task had when admitted (x-ragtoll-evidence's `new`)
   local n = redis.call('SCARD', c)
   if n <= cap then
-    out[4] = n
+    out[6] = n
     for _, m in ipairs(redis.call('SMEMBERS', c)) do out[#out + 1] = m end
   end
 end

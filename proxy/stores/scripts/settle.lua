@@ -2,6 +2,7 @@
 -- KEYS: 1 task hash, 2 chunk set, 3 unique-query set (TTL only), 4 reservations in flight.
 -- ARGV: 1 now_ms 2 ttl_s 3 d_context 4 d_completion 5 d_cost (deltas for a reservation without an id)
 --       6 chunks: 0 none | 1 fruitful if any chunk is new | f fruitful | x fruitless (a progress verdict)
+--         | e fruitful evidence for the task's question (what lets it climb: escalate.lua)
 --       7 reservation id ('' = none) 8 context 9 completion 10 cost (actual use)
 --       11 finished by ragtoll (0|1: on_exhausted: finish rewrote the call) 12.. chunk ids
 -- Returns false when the task is gone (ended meanwhile), else HGETALL of the task hash (unchanged
@@ -36,7 +37,13 @@ if ARGV[6] ~= '0' then
     i = j + 1
   end
   redis.call('HSET', h, 'last_new', added)  -- this call's novelty, for x-ragtoll-evidence
-  local fruitful = ARGV[6] == 'f' or (ARGV[6] == '1' and added > 0)
+  local fruitful = ARGV[6] == 'f' or ARGV[6] == 'e' or (ARGV[6] == '1' and added > 0)
+  if ARGV[6] == 'e' then
+    redis.call('HINCRBY', h, 'evidence', 1)
+    redis.call('HSET', h, 'last_evidence', 1)
+  else
+    redis.call('HDEL', h, 'last_evidence')
+  end
   if fruitful then
     redis.call('HSET', h, 'stalled', 0)
   else

@@ -76,3 +76,31 @@ def test_stream_end_closes_the_stream_as_a_max_tokens_stop() -> None:
     assert [e[0] for e in events] == [b"event: message_delta", b"event: message_stop"]
     delta = orjson.loads(events[0][1][6:])
     assert delta["delta"]["stop_reason"] == "max_tokens" and delta["usage"]["output_tokens"] == 7
+
+
+def _events(*docs: dict[str, object]) -> bytes:
+    return b"".join(b"event: " + str(d["type"]).encode() + b"\ndata: " + orjson.dumps(d) + b"\n\n" for d in docs)
+
+
+def test_thinking_redacted_thinking_and_unknown_deltas_are_output() -> None:
+    ad = adapter("anthropic")
+    call = parse(ad, "/v1/messages", {"model": "claude-sonnet-4-5", "max_tokens": 100, "stream": True,
+                                      "messages": []})
+    body = _events(
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "thinking", "thinking": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "thinking_delta", "thinking": "one two"}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "signature_delta", "signature": "Zm9vYmFy"}},
+        {"type": "content_block_start", "index": 1, "content_block": {"type": "redacted_thinking", "data": "three"}},
+        {"type": "content_block_delta", "index": 2, "delta": {"type": "future_delta", "words": "four five"}})
+    obs = observe(ad, call, body, "text/event-stream")
+    assert obs.output_tokens_seen == sum(tokens.count(t, "o200k_base") for t in ("one two", "three", "four five"))
+
+
+def test_cap_output_lowers_max_tokens_and_a_thinking_budget_to_fit() -> None:
+    ad = adapter("anthropic")
+    body = {"model": "claude-sonnet-4-5", "max_tokens": 20000, "messages": [],
+            "thinking": {"type": "enabled", "budget_tokens": 16000}}
+    fit = orjson.loads(ad.cap_output("/v1/messages", orjson.dumps(body), 5000))
+    assert (fit["max_tokens"], fit["thinking"]) == (5000, {"type": "enabled", "budget_tokens": 4999})
+    off = orjson.loads(ad.cap_output("/v1/messages", orjson.dumps(body), 800))
+    assert off["max_tokens"] == 800 and "thinking" not in off

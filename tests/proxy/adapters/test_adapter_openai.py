@@ -182,3 +182,67 @@ def test_azure_deployment_path_names_the_model() -> None:
     call = parse(adapter("openai"), "/openai/deployments/gpt-4o-prod/chat/completions",
                  {"messages": [{"role": "user", "content": "hi"}]})
     assert call.operation == "chat" and call.model == "gpt-4o-prod"
+
+
+def _sse(*docs: dict[str, object]) -> bytes:
+    return b"".join(b"data: " + orjson.dumps(d) + b"\n\n" for d in docs) + b"data: [DONE]\n\n"
+
+
+def _chunk(delta: dict[str, object]) -> dict[str, object]:
+    return {"object": "chat.completion.chunk", "model": "gpt-4o", "choices": [{"index": 0, "delta": delta}]}
+
+
+@pytest.mark.parametrize("delta", [
+    {"content": "one two three four"}, {"refusal": "one two three four"}, {"reasoning": "one two three four"},
+    {"reasoning_content": "one two three four"}, {"thoughts": "one two three four"},
+    {"thoughts": {"type": "text", "text": "one two three four"}},
+    {"function_call": {"name": "", "arguments": "one two three four"}},
+    {"audio": {"id": "a", "data": "AAAA", "transcript": "one two three four"}},
+], ids=lambda d: next(iter(d)))
+def test_every_text_a_stream_delta_carries_is_output(delta: dict[str, object]) -> None:
+    """Text in any delta field counts toward output tokens (so a budget can cut it): the fields
+    OpenAI, OpenRouter and vLLM use, and one ragtoll does not know, counted all the same."""
+    ad = adapter("openai")
+    call = parse(ad, "/v1/chat/completions", {"model": "gpt-4o", "stream": True, "messages": []})
+    obs = observe(ad, call, _sse(_chunk({"role": "assistant"}), _chunk(delta)), SSE)
+    assert obs.output_tokens_seen == tokens.count("one two three four", "o200k_base")
+
+
+def test_openrouter_reasoning_details_are_not_counted_twice() -> None:
+    ad = adapter("openai")
+    call = parse(ad, "/v1/chat/completions", {"model": "gpt-4o", "stream": True, "messages": []})
+    text = "one two three four"
+    delta = {"reasoning": text, "reasoning_details": [{"type": "reasoning.text", "text": text, "index": 0}]}
+    assert observe(ad, call, _sse(_chunk(delta)), SSE).output_tokens_seen == tokens.count(text, "o200k_base")
+
+
+def test_responses_deltas_of_any_kind_are_output() -> None:
+    ad = adapter("openai")
+    call = parse(ad, "/v1/responses", {"model": "gpt-4o", "stream": True, "input": "q"})
+    events = [{"type": "response.reasoning_summary_text.delta", "delta": "one two"},
+              {"type": "response.custom_tool_call_input.delta", "delta": "three four"},
+              {"type": "response.audio.delta", "delta": "AAAAAAAA"}]
+    obs = observe(ad, call, _sse(*events), SSE)
+    assert obs.output_tokens_seen == tokens.count("one two", "o200k_base") + tokens.count("three four", "o200k_base")
+
+
+@pytest.mark.parametrize(("path", "body", "expect"), [
+    ("/v1/chat/completions", {"model": "gpt-4o", "max_tokens": 9000}, {"max_tokens": 70}),
+    ("/v1/chat/completions", {"model": "gpt-4o", "max_completion_tokens": 9000}, {"max_completion_tokens": 70}),
+    ("/v1/chat/completions", {"model": "gpt-4o"}, {"max_tokens": 70}),
+    ("/v1/chat/completions", {"model": "o3-mini-2025-01-31"}, {"max_completion_tokens": 70}),
+    ("/v1/chat/completions", {"model": "openai/gpt-5"}, {"max_completion_tokens": 70}),
+    ("/v1/completions", {"model": "gpt-3.5-turbo-instruct", "max_tokens": 500}, {"max_tokens": 70}),
+    ("/v1/responses", {"model": "gpt-4.1", "input": "q"}, {"max_output_tokens": 70}),
+])
+def test_cap_output_sets_the_cap_the_request_names_or_its_model_reads(path: str, body: dict[str, object],
+                                                                      expect: dict[str, int]) -> None:
+    capped = orjson.loads(adapter("openai").cap_output(path, orjson.dumps(body), 70))
+    assert capped == {**body, **expect}
+    assert adapter("openai").cap_output("/v1/embeddings", orjson.dumps(body), 70) is None
+
+
+def test_a_finish_asks_for_one_answer() -> None:
+    body = {"model": "gpt-4o", "n": 4, "messages": [], "tools": [{"type": "function", "function": {"name": "f"}}]}
+    done = orjson.loads(adapter("openai").finish("/v1/chat/completions", orjson.dumps(body), None))
+    assert (done["n"], done["tool_choice"]) == (1, "none")

@@ -62,8 +62,12 @@ def test_cost_refuses_when_the_known_part_would_cross_the_limit() -> None:
     # four calls of 0.0005 fit in 0.002 exactly: float drift would refuse the fourth
     assert bm.first_exceeded(limits, ledger(cost_nusd=3 * 500_000), per_call, False, 0) is None
     assert bm.first_exceeded(limits, ledger(cost_nusd=4 * 500_000), per_call, False, 0) == "max_cost_usd"
-    llm = Charge(steps=1, completion_reserve=100, cost_certain=1000, cost_reserve=10**9)
-    assert bm.first_exceeded(limits, ledger(cost_nusd=0), llm, False, 0) is None  # reserve may overshoot
+    llm = Charge(steps=1, completion_reserve=100, cost_certain=1000, cost_reserve=10**7)
+    assert bm.first_exceeded(limits, ledger(cost_nusd=0), llm, False, 0) is None  # admitted for what is left ...
+    assert bm.granted_output(limits, ledger(cost_nusd=0), llm) == (19, 1_900_000)  # ... and reserved only that
+    dear = Charge(steps=1, completion_reserve=100, cost_certain=1000, cost_reserve=10**9)
+    # what is left does not pay for one output token: refused (it used to be admitted and overshoot)
+    assert bm.first_exceeded(limits, ledger(cost_nusd=0), dear, False, 0) == "max_cost_usd"
     assert bm.first_exceeded(limits, ledger(cost_nusd=2_000_000), llm, False, 0) == "max_cost_usd"
 
 

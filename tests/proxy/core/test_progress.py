@@ -102,3 +102,22 @@ def test_verdict_attributes_say_why() -> None:
     attrs = v.attributes()
     assert attrs["reason"] == progress.REWORDED and attrs["fruitful"] is False
     assert attrs["similar_to"] == "What is the refund window?" and attrs["new_top"] == 0
+
+
+def test_a_query_asks_for_the_question_or_what_its_evidence_named() -> None:
+    """Novelty is not progress: a new, unrelated question brings new results (fruitful) but is not
+    evidence for the task's question; the next hop of a multi-hop question, naming what the last
+    hop found, is."""
+    from ragtoll.proxy.core.progress import ProgressRules, RecentQueries
+    from ragtoll.proxy.model import Chunk
+
+    q = RecentQueries()
+    q.asked("t", "Which office does the lead of the team that owns the invoices service work from?")
+    rules = ProgressRules()
+    hop1 = q.judge("t", [Chunk("a", "The invoices service is owned by team Atlas.", 0.9)], set(), "invoices service owner", rules)
+    hop2 = q.judge("t", [Chunk("b", "Team Atlas is led by Priya Raman.", 0.9)], {"a"}, "who leads team atlas", rules)
+    hop3 = q.judge("t", [Chunk("c", "Priya Raman works from the Lisbon office.", 0.9)], {"a", "b"}, "priya raman", rules)
+    unrelated = q.judge("t", [Chunk("d", "The carnival began in 1723.", 0.9)], {"a", "b", "c"},
+                        "history of the rio carnival", rules)
+    assert [v.evidence for v in (hop1, hop2, hop3)] == [True, True, True]
+    assert unrelated.fruitful is True and unrelated.for_question is False and not unrelated.evidence

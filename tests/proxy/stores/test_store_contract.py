@@ -164,7 +164,8 @@ async def test_escalate_moves_a_task_once_and_undoes_the_refusal_that_asked(stor
     t = tid()
     limits = {"max_retrieval_calls": 1}
     r = Charge(retrieval_calls=1)
-    assert (await store.reserve(t, META, limits, r, T0)).admitted
+    d = await store.reserve(t, META, limits, r, T0)
+    await store.settle(t, d.reservation, Actual(chunk_ids=("a",), fruitful=True, evidence=True), T0)
     refused = await store.reserve(t, META, limits, r, T0)
     assert (refused.admitted, refused.ledger.exhausted) == (False, "max_retrieval_calls")
     assert not await store.escalate(t, "other", "large", "max_retrieval_calls")  # not its profile
@@ -175,6 +176,68 @@ async def test_escalate_moves_a_task_once_and_undoes_the_refusal_that_asked(stor
     large = TaskMeta("large")
     assert (await store.reserve(t, large, {"max_retrieval_calls": 3}, r, T0)).admitted
     assert not await store.escalate(tid(), META.profile, "large", "max_steps")  # no such task
+
+
+async def test_only_evidence_for_the_question_lets_a_task_climb(store: Store) -> None:
+    """Novelty is not progress: a task whose last retrieval was fruitful but not for its question
+    (an agent asking a new question each time) stays where it is; one whose last was climbs."""
+    limits = {"max_retrieval_calls": 2}
+    r = Charge(retrieval_calls=1)
+    novel, fruitless_last = tid(), tid()
+    for i in range(2):
+        d = await store.reserve(novel, META, limits, r, T0)
+        await store.settle(novel, d.reservation, Actual(chunk_ids=(f"n{i}",), fruitful=True), T0)
+    assert not (await store.reserve(novel, META, limits, r, T0)).admitted
+    assert not await store.escalate(novel, META.profile, "large", "max_retrieval_calls")
+    for i, (fruitful, evidence) in enumerate(((True, True), (False, False))):
+        d = await store.reserve(fruitless_last, META, limits, r, T0)
+        await store.settle(fruitless_last, d.reservation,
+                           Actual(chunk_ids=(f"f{i}",), fruitful=fruitful, evidence=evidence), T0)
+    assert not (await store.reserve(fruitless_last, META, limits, r, T0)).admitted
+    assert not await store.escalate(fruitless_last, META.profile, "large", "max_retrieval_calls")
+    ledger = await store.get_task(fruitless_last)
+    assert ledger is not None and (ledger.used("evidence"), ledger.used("last_evidence")) == (1, 0)
+
+
+async def test_an_llm_call_is_reserved_what_its_task_has_left_and_never_more(store: Store) -> None:
+    """Worst-case admission: a call asking for more output than the task has left under its
+    completion-token or cost limit is reserved what is left (whole tokens per answer); one that
+    cannot get an output token per answer is refused."""
+    t = tid()
+    limits = {"max_completion_tokens": 120}
+    big = Charge(steps=1, completion_reserve=100_000, cost_reserve=0, choices=4)
+    d = await store.reserve(t, META, limits, big, T0)
+    assert d.admitted and d.reservation.completion_tokens == 120  # 30 per answer
+    d2 = await store.reserve(t, META, limits, Charge(steps=1, completion_reserve=50), T0)
+    assert (d2.admitted, d2.dimension) == (False, "max_completion_tokens")
+    await store.settle(t, d.reservation, Actual(completion_tokens=117), T0)
+    odd = await store.reserve(t, META, limits, big, T0)  # 3 left: not one token for each of 4 answers
+    assert (odd.admitted, odd.dimension) == (False, "max_completion_tokens")
+    one = await store.reserve(t, META, limits, Charge(steps=1, completion_reserve=50), T0)
+    assert one.admitted and one.reservation.completion_tokens == 3
+    c = tid()
+    cost = {"max_cost_usd": 1_000_000}  # 0.001 USD
+    priced = Charge(steps=1, completion_reserve=10_000, cost_certain=100_000, cost_reserve=10_000_000, choices=2)
+    d = await store.reserve(c, META, cost, priced, T0)  # 900_000 left at 1_000 per token: 900 tokens
+    assert d.admitted and (d.reservation.completion_tokens, d.reservation.cost_nusd) == (900, 1_000_000)
+    assert not (await store.reserve(c, META, cost, priced, T0)).admitted
+    ledger = await store.get_task(c)
+    assert ledger is not None and ledger.used("cost_nusd") == 1_000_000
+    # a cancel undoes what was granted, not what was asked
+    assert await store.cancel(c, d.reservation.id, T0)
+    ledger = await store.get_task(c)
+    assert ledger is not None and (ledger.used("cost_nusd"), ledger.used("completion_tokens")) == (0, 0)
+
+
+async def test_concurrent_llm_calls_are_never_reserved_past_the_limit(store: Store) -> None:
+    t = tid()
+    limits = {"max_cost_usd": 5_000_000}
+    ask = Charge(steps=1, completion_reserve=4_000, cost_certain=10_000, cost_reserve=4_000_000)
+    decisions = await asyncio.gather(*[store.reserve(t, META, limits, ask, T0) for _ in range(16)])
+    admitted = [d for d in decisions if d.admitted]
+    assert sum(d.reservation.cost_nusd for d in admitted) <= 5_000_000
+    ledger = await store.get_task(t)
+    assert ledger is not None and ledger.used("cost_nusd") <= 5_000_000
 
 
 async def test_new_chunk_resets_the_stall(store: Store) -> None:

@@ -33,6 +33,8 @@ SERVER_ADDRESS = "server.address"
 TASK_ID = "ragtoll.task.id"
 TASK_SOURCE = "ragtoll.task.source"
 TASK_NOTES = "ragtoll.task.notes"
+TASK_MATCH = "ragtoll.task.match"  # conversation sources: the rule that tied the call to its conversation
+TASK_CONFIDENCE = "ragtoll.task.confidence"  # conversation sources: how sure that rule is (1.0: exact)
 TASK_END_REASON = "ragtoll.task.end_reason"  # explicit | idle | exceeded | expired
 TASK_CALLS = "ragtoll.task.calls"  # ragtoll.task summary span: calls of the task
 # ragtoll.task summary span: the task record's totals, `ragtoll.task.<record key>`

@@ -29,6 +29,7 @@ from .config import Settings
 from .core import tokens
 from .errors import NotFound, ShuttingDown, render
 from .request.caller import CallerResolver
+from .request.conversation import Conversations
 from .request.exchange import Exchange, Stage
 from .request.identify import Identifier, derived_span_id
 from .request.pipeline import Pipeline, Receive, Scope, Send
@@ -42,6 +43,7 @@ from .stages.outcome import OutcomeStage
 from .stages.principal import PrincipalStage
 from .stages.span import SpanStage
 from .stores import Stores, open_stores
+from .stores.conversations import open_conversation_store
 from .stores.principals import open_principal_store
 from .tasks.admin import AdminApi
 from .tasks.records import TaskEnder, open_sink
@@ -140,8 +142,14 @@ class RagtollApp:
         principal = PrincipalStage(self.settings, principals) if principals is not None else None
         stages = build_stages(self.settings, stores=stores, cache=self.cache, env=self.env, ender=ender,
                               principal=principal)
+        conversations = None
+        if self.settings.tasks.untracked == "conversation":
+            # a link outlives its task's idle timeout a little: a slow agent's next call still finds it
+            store = open_conversation_store(self.settings.store, stores.budget, self.settings.tasks.idle_timeout_s * 2)
+            conversations = Conversations(store, self.settings.store_timeout_ms / 1000)
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.callers,
-                                 self.tracer, on_end=self._record_call, root_sampled=root_sampled(self.tracer_provider))
+                                 self.tracer, on_end=self._record_call, root_sampled=root_sampled(self.tracer_provider),
+                                 conversations=conversations)
         ender.listeners.append(self._task_ended)
         task_stages = [s for s in stages if type(s).on_task_end is not Stage.on_task_end]
         ender.listeners.append(lambda record: _forget(task_stages, str(record.get("task_id"))))

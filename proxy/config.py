@@ -259,6 +259,9 @@ class UpstreamConfig:
     http2: bool = False  # speak HTTP/2 to it (needs engine: httpx; TLS with ALPN, or h2c prior knowledge)
     proxy: str | None = None  # an outbound HTTP proxy; none by default, and proxy variables are never read
     cache: UpstreamCacheConfig = UpstreamCacheConfig()  # the evidence cache's settings for this source
+    # the status of this route's budget refusals (None: budgets.reject_status, else the adapter's:
+    # 402 for OpenAI and Anthropic, which frameworks do not retry; 429 where clients honour x-should-retry)
+    reject_status: int | None = None
 
     def __post_init__(self) -> None:
         _freeze(self, "fields")
@@ -296,13 +299,23 @@ class UpstreamConfig:
         if self.http2 and self.proxy is not None:
             _bad(f"{where}.http2", True, "false when a proxy is set (HTTP/2 upstreams are reached directly)")
         self.cache.validate(f"{where}.cache", self.fields.get("version_header"))
+        if self.reject_status is not None and not 400 <= self.reject_status <= 599:
+            _bad(f"{where}.reject_status", self.reject_status, "an HTTP error status between 400 and 599, or null")
 
 
 @dataclass(frozen=True)
 class TasksConfig:
     header: str = "x-ragtoll-task-id"
-    untracked: Literal["session", "per-call", "reject"] = "session"
+    # a call with no trace context and no task header: its conversation's task (an LLM call by its
+    # conversation, a search by the tool call it answers: request/conversation.py), else `session`;
+    # `session`: one task per client (address, user agent, credential) within the idle timeout;
+    # `per-call`: each call its own task; `reject`: refused (400 task_required)
+    untracked: Literal["conversation", "session", "per-call", "reject"] = "conversation"
     idle_timeout_s: float = 60.0
+    # the limits a heuristic task (a session: one client's calls, maybe many users behind one key) is
+    # held to: `progress`: only the progress limits (stalled and fruitless searches) refuse, count and
+    # cost limits are shadow verdicts; `full`: every limit, as for a task named by its caller
+    session_budgets: Literal["progress", "full"] = "progress"
 
     def validate(self, where: str) -> None:
         if not _HEADER.fullmatch(self.header):

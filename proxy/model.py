@@ -17,8 +17,19 @@ SOURCE_TRACEPARENT = "traceparent"
 SOURCE_HEADER = "header"
 SOURCE_SESSION = "session"
 SOURCE_PER_CALL = "per-call"
+# untracked calls told apart by their conversation (core/conversation.py, request/conversation.py): an
+# LLM call by its conversation's fingerprint; a search or rerank by the pending tool call it matches,
+# else by its client's most recent conversation
+SOURCE_CONVERSATION = "conversation"
+SOURCE_CONVERSATION_TOOL = "conversation-tool-match"
+SOURCE_CONVERSATION_RECENT = "conversation-recent"
+# sources that name a task ragtoll is sure of: their limits can refuse work. A session (one client's
+# calls within the idle timeout: maybe many users) and a most-recent guess are heuristics
+HEURISTIC_SOURCES = frozenset({SOURCE_SESSION, SOURCE_CONVERSATION_RECENT})
 TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:~@/+=-]{1,128}$")  # what a task id may be (also admin paths)
 OUTPUT_TEXT_KEEP = 16_384  # characters of generated text an observer keeps for content capture
+MAX_TOOL_CALLS = 16  # tool calls of one answer an observer keeps (Observation.tool_calls)
+TOOL_ARGS_KEEP = 2048  # characters of one tool call's arguments kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +46,8 @@ class TaskRef:
     trace_id: int
     baggage: tuple[tuple[str, str], ...] = ()
     notes: tuple[str, ...] = ()  # why a header or baggage member was ignored
+    match: str = ""  # conversation sources: what tied the call to its conversation (span attribute)
+    confidence: float | None = None  # conversation sources: how sure that rule is (1.0: exact)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +132,17 @@ class Observation:
     response_id: str | None = None  # the id a stream's closing event must repeat (OpenAI Responses)
     output_text: list[str] = field(default_factory=list)  # generated text, first OUTPUT_TEXT_KEEP chars
     output_kept: int = 0  # characters in output_text
+    # LLM calls: the tool calls the answer asks for, as (call id, arguments text), bounded (MAX_TOOL_CALLS,
+    # TOOL_ARGS_KEEP characters each): the conversation their searches belong to is matched by them
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)
+
+    def saw_tool_call(self, call_id: str | None, arguments: str | None, index: int | None = None) -> None:
+        """A tool call of the answer, or (a stream) a fragment of the one at `index`: appended to it."""
+        if index is not None and 0 <= index < len(self.tool_calls):
+            cid, args = self.tool_calls[index]
+            self.tool_calls[index] = (cid or call_id or "", (args + (arguments or ""))[:TOOL_ARGS_KEEP])
+        elif len(self.tool_calls) < MAX_TOOL_CALLS:
+            self.tool_calls.append((call_id or "", (arguments or "")[:TOOL_ARGS_KEEP]))
 
     def keep_output(self, text: str) -> None:
         """Remember generated text for content capture (off by default), bounded per call."""

@@ -30,7 +30,9 @@ from .fields import as_int, as_str, json_text
 class AnthropicAdapter:
     name = "anthropic"
     error_style = "anthropic"
-    reject_status = 429  # the Anthropic SDK honours x-should-retry: false
+    # 402: frameworks that wrap the SDK retry its RateLimitError (429) whatever x-should-retry says
+    # (tests/e2e/test_framework_refusals.py); `budgets.reject_status: 429` restores the usual status
+    reject_status = 402
     reads_body = True
 
     empty_result = staticmethod(no_empty_result)
@@ -185,6 +187,8 @@ class MessagesObserver(BufferedJsonObserver):
         for block in doc.get("content") or []:
             if isinstance(block, dict) and isinstance(block.get("text"), str):
                 obs.keep_output(block["text"])
+            elif isinstance(block, dict) and block.get("type") == "tool_use":
+                obs.saw_tool_call(as_str(block.get("id")), json_text(block.get("input") or {}))
 
 
 # content_block_delta types -> the field holding their output text
@@ -198,6 +202,10 @@ class MessagesStreamObserver(JsonStreamObserver):
     """message_start (model, input usage) -> content_block_delta (text, tool input, thinking) ->
     message_delta (stop_reason, cumulative output usage) -> message_stop."""
 
+    def __init__(self, encoding: str) -> None:
+        super().__init__(encoding)
+        self._tools: dict[int, int] = {}  # content block index -> its place in observation.tool_calls
+
     def on_event(self, event: str, doc: dict[str, Any]) -> None:
         obs: Observation = self.observation
         kind = doc.get("type") or event
@@ -210,6 +218,8 @@ class MessagesStreamObserver(JsonStreamObserver):
             field = _DELTA_TEXT.get(str(delta.get("type")))
             if field is not None:
                 self.saw_output(delta.get(field))
+                if field == "partial_json" and (at := self._tools.get(doc.get("index"))) is not None:
+                    obs.saw_tool_call(None, as_str(delta.get(field)), at)
             elif delta.get("type") not in _DELTA_NOT_OUTPUT:
                 self.saw_unknown(delta, _META)  # a delta type not known here: its text counts all the same
         elif kind == "content_block_start":
@@ -220,6 +230,9 @@ class MessagesStreamObserver(JsonStreamObserver):
             elif kind in ("tool_use", "server_tool_use"):
                 self.saw_output(block.get("name"))
                 self.saw_unknown(block.get("input"))
+                if kind == "tool_use" and isinstance(doc.get("index"), int):
+                    self._tools[doc["index"]] = len(obs.tool_calls)
+                    obs.saw_tool_call(as_str(block.get("id")), "")
             elif kind == "redacted_thinking":
                 self.saw_unknown(block.get("data"))  # encrypted thinking, billed as output
             elif kind is not None and not str(kind).endswith("_tool_result"):

@@ -50,7 +50,9 @@ def endpoint(method: str, path: str) -> str | None:
 class OpenAIAdapter:
     name = "openai"
     error_style = "openai"
-    reject_status = 429  # the OpenAI SDK honours x-should-retry: false
+    # 402: frameworks that wrap the SDK retry its RateLimitError (429) whatever x-should-retry says
+    # (llama-index: 3 requests per refusal); none retries a 402 (tests/e2e/test_framework_refusals.py)
+    reject_status = 402
     reads_body = True
 
     empty_result = staticmethod(no_empty_result)
@@ -308,6 +310,10 @@ def _read_response(obs: Observation, r: Any) -> None:
     obs.response_id = obs.response_id or as_str(r.get("id"))
     if r.get("usage"):
         obs.usage = usage(r["usage"])
+    if not obs.tool_calls:
+        for item in r.get("output") or []:
+            if isinstance(item, dict) and item.get("type") == "function_call":
+                obs.saw_tool_call(as_str(item.get("call_id")), as_str(item.get("arguments")))
     status = r.get("status")
     reason = as_str((r.get("incomplete_details") or {}).get("reason")) or "incomplete"
     if status == "incomplete":
@@ -343,6 +349,8 @@ class ChatObserver(BufferedJsonObserver):
                 texts.append(c["text"])
             for tc in msg.get("tool_calls") or []:
                 texts.append(json_text((tc.get("function") or {}).get("arguments") or ""))
+                if isinstance(tc, dict):
+                    obs.saw_tool_call(as_str(tc.get("id")), as_str((tc.get("function") or {}).get("arguments")))
         for text in texts:
             obs.keep_output(text)
         if obs.usage is None or obs.usage.output_tokens is None:  # counted only when usage is missing
@@ -411,6 +419,9 @@ class ChatStreamObserver(JsonStreamObserver):
                     if isinstance(fn, dict):
                         self.saw_output(fn.get("name"))
                         self.saw_output(fn.get("arguments"))
+                        index = tc.get("index")
+                        self.observation.saw_tool_call(as_str(tc.get("id")), as_str(fn.get("arguments")),
+                                                       index if isinstance(index, int) else None)
                     elif isinstance(tc, dict):
                         self.saw_unknown(tc, _TOOL_META)
             elif key == "audio" and isinstance(value, dict):

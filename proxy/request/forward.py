@@ -51,8 +51,11 @@ def upstream_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]
 
 class Forwarder:
     def __init__(self, client: UpstreamClient, stages: list[Stage], *, max_inspect_bytes: int,
-                 max_event_bytes: int) -> None:
+                 max_event_bytes: int, on_answered: Callable[[Exchange], Awaitable[None]] | None = None) -> None:
+        """`on_answered`: awaited once the whole answer was read, before its last bytes go to the
+        client (what the client's next call depends on is filed by then: request/conversation.py)."""
         self.client = client
+        self._on_answered = on_answered
         # the phases the pipeline calls per chunk and per read-whole answer: only stages that have them
         self._chunk_stages = [s for s in stages if type(s).on_chunk is not Stage.on_chunk]
         self._response_stages = [s for s in stages if type(s).on_response is not Stage.on_response]
@@ -114,6 +117,7 @@ class Forwarder:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         inspector.end()
         ex.complete = True
+        await self._answered(ex)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def read_local(self, ex: Exchange, reply: Reply) -> None:
@@ -129,6 +133,13 @@ class Forwarder:
             self._chunk(ex, plain)
         if self._response_stages and ex.call.operation == "retrieval" and reply.status == 200:
             await self._on_response(ex)
+
+    async def _answered(self, ex: Exchange) -> None:
+        if self._on_answered is not None:
+            try:
+                await self._on_answered(ex)
+            except Exception as exc:  # noqa: BLE001 - failsafe: bookkeeping never fails the call
+                ex.span.record_exception(exc)
 
     async def _on_response(self, ex: Exchange) -> None:
         for stage in self._response_stages:
@@ -170,6 +181,7 @@ class Forwarder:
         if self._described(ex, response):
             await self._on_response(ex)
         ex.complete = True
+        await self._answered(ex)
         ex.bytes_out = len(raw)
         ex.headers_sent = True
         await send({"type": "http.response.start", "status": response.status, "headers": headers + ex.response_headers})

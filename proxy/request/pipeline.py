@@ -30,6 +30,7 @@ from ..errors import BodyTooLarge, RagtollError, Rejected, RequestTimeout, Upstr
 from ..model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, TaskRef
 from .body import ClientDisconnected, RequestBody
 from .caller import CallerResolver
+from .conversation import Conversations
 from .exchange import Exchange, Reply, Stage, check_contracts
 from .forward import Forwarder
 from .identify import Identifier, derived_span_id, parse_traceparent
@@ -46,9 +47,12 @@ class Pipeline:
     def __init__(self, settings: Settings, router: Router, client: UpstreamClient, stages: list[Stage],
                  identifier: Identifier, callers: CallerResolver, tracer: trace.Tracer,
                  on_end: Callable[[Exchange], None] | None = None,
-                 root_sampled: Callable[[int], bool] = lambda _trace_id: True) -> None:
-        """Raises ContractError when the stages' order cannot serve what each reads (exchange.py)."""
+                 root_sampled: Callable[[int], bool] = lambda _trace_id: True,
+                 conversations: Conversations | None = None) -> None:
+        """Raises ContractError when the stages' order cannot serve what each reads (exchange.py).
+        `conversations`: tells the task of an untracked call by its conversation (None: the session)."""
         check_contracts(stages)
+        self.conversations = conversations
         self.router = router
         self.callers = callers
         self.stages = stages
@@ -56,7 +60,8 @@ class Pipeline:
         self.tracer = tracer
         self._root_sampled = root_sampled  # the sampling flag of a task's virtual root
         self.forwarder = Forwarder(client, stages, max_inspect_bytes=settings.server.max_inspect_bytes,
-                                   max_event_bytes=settings.server.max_event_bytes)
+                                   max_event_bytes=settings.server.max_event_bytes,
+                                   on_answered=self._answered if conversations is not None else None)
         self._max_body = settings.server.max_body_bytes
         self._body_timeout = settings.server.body_timeout_s
         self._on_end = on_end  # per-call metrics; failsafe
@@ -76,17 +81,30 @@ class Pipeline:
                       caller=self.callers.resolve(headers, duplicated, address), timeouts=route.upstream.timeouts)
         request_body = ex.request_body = RequestBody(receive, headers, self._max_body,
                                                      asyncio.get_running_loop().time() + self._body_timeout)
+        started_ns = time.time_ns()
         ex.response_headers.append((TASK_HEADER_OUT, task.id.encode()))
+        body: AsyncIterator[bytes] | None | bool = None
+        early = self.conversations is not None and route.adapter.reads_body and self.conversations.applies(task)
+        if early:  # the conversation names the task, and so the trace: read before the spans start
+            body = await self._read(ex, request_body, send)
+            if body is not False:
+                self._parse(ex)
+                found = await self.conversations.resolve(ex)  # type: ignore[union-attr]
+                if found is not None:
+                    task = ex.task = found[0]
+                    ex.thread = found[1]
+                    ex.response_headers[0] = (TASK_HEADER_OUT, task.id.encode())
         parent = trace.set_span_in_context(NonRecordingSpan(_parent_context(task, headers, self._root_sampled)))
         server_span = self.tracer.start_span(
-            f"{ex.method} {route.prefix}", context=parent, kind=SpanKind.SERVER,
+            f"{ex.method} {route.prefix}", context=parent, kind=SpanKind.SERVER, start_time=started_ns,
             attributes={sc.HTTP_REQUEST_METHOD: ex.method, sc.HTTP_ROUTE: route.prefix + "/*",
                         sc.URL_PATH: scope["path"][:256]},
         )
         try:
-            body = await self._read(ex, request_body, send)
+            if not early:
+                body = await self._read(ex, request_body, send)
             if body is not False:
-                await self._run(ex, server_span, body, send)
+                await self._run(ex, server_span, body, send, parsed=early)  # type: ignore[arg-type]
         finally:
             if ex.status is not None:
                 server_span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, ex.status)
@@ -119,7 +137,10 @@ class Pipeline:
                 await _send_error(send, exc, ex.route.adapter.error_style, ex.response_headers)
             return False
 
-    async def _run(self, ex: Exchange, server_span: Any, body: AsyncIterator[bytes] | None, send: Send) -> None:
+    async def _run(self, ex: Exchange, server_span: Any, body: AsyncIterator[bytes] | None, send: Send,
+                   parsed: bool = False) -> None:
+        if not parsed:
+            self._parse(ex)
         ex.span = self._open_call_span(ex, server_span)
         ran: list[Stage] = []
         try:
@@ -142,10 +163,20 @@ class Pipeline:
         finally:
             await self._finish(ex, ran)
 
-    def _open_call_span(self, ex: Exchange, server_span: Any) -> Any:
+    @staticmethod
+    def _parse(ex: Exchange) -> None:
         route = ex.route
         if route.adapter.reads_body and ex.body is not None:
             ex.call = route.adapter.parse_request(ex.method, ex.target.split("?", 1)[0], ex.headers, ex.body)
+
+    async def _answered(self, ex: Exchange) -> None:
+        """The whole answer is read: an untracked LLM call files what its conversation's next calls
+        are found by (before the client has the answer, so before it can make them)."""
+        if ex.thread is not None and self.conversations is not None:
+            await self.conversations.observe(ex, ex.thread)
+
+    def _open_call_span(self, ex: Exchange, server_span: Any) -> Any:
+        route = ex.route
         call = ex.call
         span = self.tracer.start_span(f"{call.operation} {call.model or route.upstream.name}",
                                       context=trace.set_span_in_context(server_span), kind=SpanKind.CLIENT)
@@ -159,6 +190,8 @@ class Pipeline:
         })
         if ex.task and ex.task.notes:
             span.set_attribute(sc.TASK_NOTES, list(ex.task.notes))
+        if ex.task and ex.task.match:
+            span.set_attributes({sc.TASK_MATCH: ex.task.match, sc.TASK_CONFIDENCE: ex.task.confidence or 0.0})
         return span
 
     async def _admit(self, ex: Exchange, ran: list[Stage]) -> Reply | None:

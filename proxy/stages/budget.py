@@ -38,7 +38,7 @@ from ..core.profiles import Profiles
 from ..core.progress import ProgressRules, RecentQueries, Verdict
 from ..core.signing import signed_profile, verify_budget_baggage
 from ..errors import BudgetExceeded, StoreUnavailable, UnreadableBody
-from ..model import Call
+from ..model import HEURISTIC_SOURCES, Call
 from ..redact import redact
 from ..request.exchange import Exchange, Reply, Stage, contract
 from ..stores.base import Decision, Store, TaskMeta
@@ -171,6 +171,11 @@ class BudgetStage(Stage):
         notes: list[str] = []
         if limits is None:
             limits, notes = self._limits(sel.profile, plan.baggage, task.id, plan.now)
+            if task.source in HEURISTIC_SOURCES and self.settings.tasks.session_budgets == "progress":
+                # a guessed task may hold many users: only a stalled search stops it (README, Budgets)
+                limits = {d: v for d, v in limits.items() if d in bm.PROGRESS_DIMENSIONS}
+                notes = [*notes, (f"task source {task.source!r} is a guess: count and cost limits not enforced "
+                                  "(tasks.session_budgets: progress)")]
         charge = charge or plan.charge
         meta = TaskMeta(sel.profile, sel.cls, ex.route.upstream.name, task.source, f"{task.trace_id:032x}")
         decision = await self.store.reserve(task.id, meta, limits, charge, plan.now, self._shadow(sel.profile))
@@ -392,14 +397,16 @@ class BudgetStage(Stage):
         return self._rejection(ex, dim, limit, used)
 
     def _rejection(self, ex: Exchange, dim: str, limit: float, used: float) -> BudgetExceeded:
-        """The refusal, with the status the route's SDKs do not retry (`budgets.reject_status` if set)."""
+        """The refusal, with the status the route's SDKs do not retry (the route's `reject_status`, else
+        `budgets.reject_status`, if set)."""
         assert ex.admission is not None
         profile = ex.admission.profile
         task_id = ex.task.id if ex.task else ""
         return BudgetExceeded(
             f"budget exhausted: {dim} limit {limit:g}, used {used:g} (profile {profile!r}, task {task_id!r}); "
             "this task may not make more calls of this kind",
-            status=self.cfg.reject_status or ex.route.adapter.reject_status, dimension=dim, limit=limit, used=used,
+            status=ex.route.upstream.reject_status or self.cfg.reject_status or ex.route.adapter.reject_status,
+            dimension=dim, limit=limit, used=used,
             profile=profile, task_id=task_id,
         )
 

@@ -137,7 +137,8 @@ class PrincipalStage(Stage):
         return BudgetExceeded(
             f"budget exhausted: {dim} limit {limit:g}, used {used:g} (principal {principal!r}); "
             "this client may not start more tasks or spend more until its window frees up",
-            status=self.settings.budgets.reject_status or ex.route.adapter.reject_status, dimension=dim, limit=limit,
+            status=ex.route.upstream.reject_status or self.settings.budgets.reject_status
+            or ex.route.adapter.reject_status, dimension=dim, limit=limit,
             used=used, scope=pc.SCOPE,
             principal=principal, task_id=ex.task.id if ex.task else "",
         )

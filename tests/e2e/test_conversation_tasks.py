@@ -1,0 +1,221 @@
+"""Legacy agents serving many users through one key, unchanged (issue 31): no trace context, no task
+header, embedded defaults. Each conversation is its own task; a search joins the conversation
+whose answer asked for it; guessed tasks never get count or cost refusals; runaways still stop."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+from conftest import Telemetry
+from ragtoll.instrumentation import semconv as sc
+from ragtoll.proxy import config
+from ragtoll.proxy.app import build_app
+from ragtoll.proxy.tools.demo import services
+from ragtoll.proxy.tools.demo.corpus import load_corpus
+from ragtoll.proxy.tools.demo.policy import Action
+from support.servers import serve_in_thread
+
+SYSTEM = "You answer questions about the handbook. Search first."
+TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {
+            "name": "retrieve",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+        },
+    }
+]
+
+
+def policy(messages: list[dict[str, Any]], final: bool = False) -> Action:
+    """Search twice (the question, then the question and 'policy'), then answer; `loop:` questions
+    never stop. The question is the user's message as the model sees it."""
+    question = next(m["content"] for m in messages if m.get("role") == "user")
+    searched = sum(1 for m in messages if m.get("role") == "tool")
+    if final or (searched >= 2 and not question.startswith("loop:")):
+        return Action(answer=f"answer to {question}")
+    return Action(tool="retrieve", arguments={"query": question + (" policy" if searched else "")})
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request: pytest.FixtureRequest) -> str:
+    return "memory" if request.param == "memory" else str(request.getfixturevalue("redis_url"))
+
+
+@contextlib.contextmanager
+def stack(
+    telemetry: Telemetry, tmp_path: Any, store: str = "memory", **raw: Any
+) -> Iterator[tuple[str, Any]]:
+    llm_app = services.llm_app(policy)
+    with serve_in_thread(llm_app) as llm, serve_in_thread(services.retrieval_app(load_corpus())) as docs:
+        doc: dict[str, Any] = {
+            "upstreams": [
+                {"name": "llm", "kind": "llm", "api": "openai", "url": llm, "prefix": "/llm"},
+                {
+                    "name": "docs",
+                    "kind": "retrieval",
+                    "api": "json",
+                    "url": docs,
+                    "prefix": "/docs",
+                    "fields": {
+                        "query": "query",
+                        "top_k": "top_k",
+                        "results": "results",
+                        "id": "id",
+                        "text": "text",
+                    },
+                },
+            ],
+            "store": store,
+            **raw,
+        }
+        doc["budgets"] = {"records_file": str(tmp_path / "records.jsonl"), **raw.get("budgets", {})}
+        app = build_app(
+            config.parse(doc),
+            tracer_provider=telemetry.tracer_provider,
+            meter_provider=telemetry.meter_provider,
+        )
+        with serve_in_thread(app) as base:
+            yield base, llm_app
+
+
+def run_agent(base: str, question: str, max_turns: int = 10) -> tuple[str | None, list[int]]:
+    """A plain tool-calling loop over the openai SDK (one shared key), its searches over httpx
+    with no credential at all; returns the answer and the status of every search."""
+    searches: list[int] = []
+    with (
+        openai.OpenAI(base_url=f"{base}/llm/v1", api_key="sk-one-key-for-everyone") as llm,
+        httpx.Client() as http,
+    ):
+        messages: list[Any] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+        for _ in range(max_turns):
+            try:
+                msg = (
+                    llm.chat.completions.create(model="gpt-4o", messages=messages, tools=TOOLS)
+                    .choices[0]
+                    .message
+                )
+            except openai.APIStatusError:
+                return None, searches
+            if not msg.tool_calls:
+                return msg.content, searches
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": c.id,
+                            "type": "function",
+                            "function": {"name": c.function.name, "arguments": c.function.arguments},
+                        }
+                        for c in msg.tool_calls
+                    ],
+                }
+            )
+            for c in msg.tool_calls:
+                query = orjson.loads(c.function.arguments)["query"]
+                # the app's gateway names the user's groups to the index (not to the model)
+                r = http.post(
+                    f"{base}/docs/search",
+                    json={"query": query, "top_k": 3},
+                    headers={"x-auth-groups": "public,staff"},
+                )
+                searches.append(r.status_code)
+                messages.append({"role": "tool", "tool_call_id": c.id, "content": r.text[:500]})
+    return None, searches
+
+
+def calls(telemetry: Telemetry) -> list[Any]:
+    return [
+        s
+        for s in telemetry.spans()
+        if s.attributes and s.attributes.get(sc.GEN_AI_OPERATION_NAME) in ("chat", "retrieval")
+    ]
+
+
+def test_concurrent_users_of_one_key_are_told_apart(telemetry: Telemetry, tmp_path: Any, store: str) -> None:
+    questions = [f"What is the refund policy for order {i}? ({uuid.uuid4().hex[:6]})" for i in range(8)]
+    questions += questions[:2]  # two users ask exactly what two others ask, at the same time
+    with stack(telemetry, tmp_path, store) as (base, _llm), concurrent.futures.ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(lambda q: run_agent(base, q), questions))
+    assert all(answer is not None for answer, _ in results)
+    spans = calls(telemetry)
+    chats = [s for s in spans if s.attributes[sc.GEN_AI_OPERATION_NAME] == "chat"]
+    tasks = {s.attributes[sc.TASK_ID] for s in chats}
+    assert len(chats) == 30 and len(tasks) == 10  # 10 conversations of 3 calls, identical twins included
+    assert {s.attributes[sc.TASK_SOURCE] for s in chats} == {"conversation"}
+    for s in chats:  # each call's spans are in its conversation's trace
+        assert s.attributes[sc.TASK_ID].startswith("conv-")
+    by_task: dict[str, set[int]] = {}
+    for s in chats:
+        by_task.setdefault(s.attributes[sc.TASK_ID], set()).add(s.context.trace_id)
+    assert all(len(traces) == 1 for traces in by_task.values())
+    searches = [s for s in spans if s.attributes[sc.GEN_AI_OPERATION_NAME] == "retrieval"]
+    assert len(searches) == 20
+    for s in searches:
+        assert s.attributes[sc.TASK_SOURCE] == "conversation-tool-match"
+        assert s.attributes[sc.TASK_MATCH] == "exact" and s.attributes[sc.TASK_CONFIDENCE] == 1.0
+    # a search joins the conversation that asked for it: two per task, twins included
+    per_task: dict[str, int] = {}
+    for s in searches:
+        per_task[s.attributes[sc.TASK_ID]] = per_task.get(s.attributes[sc.TASK_ID], 0) + 1
+    assert per_task == {t: 2 for t in tasks}
+
+
+def test_many_users_behind_one_key_are_never_locked_out(telemetry: Telemetry, tmp_path: Any) -> None:
+    """Issue 31's first repro: 45 conversations from one client, embedded defaults: none refused
+    (before: the 42nd on got 429 max_steps, as one `session` task)."""
+    with stack(telemetry, tmp_path) as (base, llm_app):
+        results = [run_agent(base, f"Question {i} from user {i}?") for i in range(45)]
+    assert all(answer is not None for answer, _ in results)
+    assert all(code == 200 for _, searches in results for code in searches)
+    assert llm_app.state.served["chat"] == 45 * 3
+
+
+def test_a_runaway_conversation_is_still_stopped(telemetry: Telemetry, tmp_path: Any) -> None:
+    """A conversation is a task ragtoll is sure of: its limits apply (the embedded `bounded` profile:
+    the loop's searches stall, then the model is asked to answer without tools)."""
+    with stack(telemetry, tmp_path) as (base, llm_app):
+        answer, _searches = run_agent(base, "loop: what is the answer?", max_turns=60)
+    assert answer is not None and answer.startswith("answer to loop:")  # `finish`: answered without tools
+    assert llm_app.state.served["chat"] < 60
+    chats = [s for s in calls(telemetry) if s.attributes[sc.GEN_AI_OPERATION_NAME] == "chat"]
+    assert len({s.attributes[sc.TASK_ID] for s in chats}) == 1
+
+
+def run_session_client(base: str, n: int) -> list[int]:
+    with httpx.Client() as http:
+        return [
+            http.post(
+                f"{base}/llm/v1/chat/completions",
+                headers={"authorization": "Bearer sk-one"},
+                json={"model": "gpt-4o", "messages": [{"role": "user", "content": f"hi {i}"}]},
+            ).status_code
+            for i in range(n)
+        ]
+
+
+def test_a_session_gets_progress_limits_only_unless_the_operator_asks(
+    telemetry: Telemetry, tmp_path: Any
+) -> None:
+    """`untracked: session` stays available: its task is a guess that may hold many users, so by
+    default only progress limits stop it; `session_budgets: full` restores every limit (402)."""
+    with stack(telemetry, tmp_path, tasks={"untracked": "session"}) as (base, _llm):
+        assert set(run_session_client(base, 45)) == {200}
+    with stack(
+        telemetry,
+        tmp_path,
+        tasks={"untracked": "session", "session_budgets": "full"},
+        budgets={"profiles": {"bounded": {"max_steps": 5}}},
+    ) as (base, _llm):
+        codes = run_session_client(base, 8)
+    assert codes[:5] == [200] * 5 and set(codes[5:]) == {402}

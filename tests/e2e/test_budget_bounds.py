@@ -89,7 +89,7 @@ def test_an_admitted_call_is_capped_at_what_its_task_has_left(proxy: ProxyFactor
         with oai(base, t) as client:
             raw = client.chat.completions.with_raw_response.create(
                 model="gpt-4o", messages=[{"role": "user", "content": "Write it all down."}], max_tokens=100_000, n=4)
-            with pytest.raises(openai.RateLimitError):  # nothing left for the next one
+            with pytest.raises(openai.APIStatusError):  # nothing left for the next one
                 client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "more"}])
         used = ledger(base, admin_token, t)
     sent = app.bodies(CHAT)
@@ -153,7 +153,7 @@ def test_the_finish_is_refused_to_a_prompt_that_alone_costs_more_than_its_allowa
     with proxy(upstreams=ups(url), budgets=finish_profile(max_cost_usd=0.01), **robust(store)) as base:
         with oai(base, t) as client:
             client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "q"}], max_tokens=10)
-            with pytest.raises(openai.RateLimitError):
+            with pytest.raises(openai.APIStatusError):
                 client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": prompt(135_000)}],
                                                max_tokens=100_000, n=4)
         used = ledger(base, admin_token, t)
@@ -204,7 +204,7 @@ def test_a_task_whose_first_call_is_refused_gets_no_finish(proxy: ProxyFactory, 
                 else:
                     with oai(base, t) as client:
                         client.chat.completions.create(model="o1", messages=[{"role": "user", "content": big}])
-            except (openai.RateLimitError, anthropic.RateLimitError) as exc:
+            except (openai.APIStatusError, anthropic.APIStatusError) as exc:
                 refused += 1
                 assert exc.response.json()["error"]["dimension"] == "max_cost_usd"
                 assert "x-ragtoll-budget-finished" not in exc.response.headers

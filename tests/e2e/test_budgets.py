@@ -70,11 +70,11 @@ def test_openai_sdk_sees_one_budget_error_and_the_upstream_no_retry(proxy: Proxy
         request.addfinalizer(client.close)
         for _ in range(2):
             client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}])
-        with pytest.raises(openai.RateLimitError) as info:
+        with pytest.raises(openai.APIStatusError) as info:
             client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "q"}])
     assert upstream.app.state.calls[CHAT] == 2
     resp = info.value.response
-    assert resp.status_code == 429
+    assert resp.status_code == 402
     assert resp.headers["x-should-retry"] == "false"
     assert "retry-after" not in resp.headers
     assert remaining(resp) == {"max_steps": 0}
@@ -89,10 +89,17 @@ def test_openai_sdk_sees_one_budget_error_and_the_upstream_no_retry(proxy: Proxy
 
 
 def test_reject_status_is_configurable(proxy: ProxyFactory, upstream: Upstream) -> None:
-    with proxy(upstreams=upstreams(upstream.url), budgets={**budgets(max_calls=0), "reject_status": 402}) as base, \
+    """LLM routes refuse with 402 by default (frameworks retry 429); an operator who wants the 429
+    contract sets it for every route (`budgets.reject_status`) or one route (its `reject_status`)."""
+    with proxy(upstreams=upstreams(upstream.url), budgets={**budgets(max_calls=0), "reject_status": 429}) as base, \
             httpx.Client() as http:
         r = chat(http, base, task())
-    assert r.status_code == 402 and r.json()["error"]["dimension"] == "max_calls"
+    assert r.status_code == 429 and r.json()["error"]["dimension"] == "max_calls"
+    per_route = [{**u, "reject_status": 429} if u["name"] == "openai" else u for u in upstreams(upstream.url)]
+    with proxy(upstreams=per_route, budgets=budgets(max_calls=0)) as base, httpx.Client() as http:
+        assert chat(http, base, task()).status_code == 429
+    with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_calls=0)) as base, httpx.Client() as http:
+        assert chat(http, base, task()).status_code == 402
     assert upstream.app.state.calls[CHAT] == 0
 
 
@@ -103,7 +110,7 @@ def test_anthropic_sdk_gets_an_anthropic_shaped_error(proxy: ProxyFactory, upstr
         client = anthropic.Anthropic(base_url=f"{base}/anthropic", api_key="k", max_retries=3,
                                      default_headers={"x-ragtoll-task-id": t})
         request.addfinalizer(client.close)
-        with pytest.raises(anthropic.RateLimitError) as info:
+        with pytest.raises(anthropic.APIStatusError) as info:
             client.messages.create(model="claude-test-model", max_tokens=100,
                                    messages=[{"role": "user", "content": "hi"}])
     body = info.value.response.json()
@@ -164,7 +171,7 @@ def test_shadow_per_profile(proxy: ProxyFactory, upstream: Upstream) -> None:
     with proxy(upstreams=upstreams(upstream.url), budgets=cfg) as base, httpx.Client() as http:
         shadowed = chat(http, base, task())
         enforced = chat(http, base, task(), headers={"baggage": "ragtoll.budget.profile=q"})
-    assert (shadowed.status_code, enforced.status_code) == (200, 429)
+    assert (shadowed.status_code, enforced.status_code) == (200, 402)
 
 
 def test_forged_baggage_cannot_raise_a_limit_but_can_lower_it(proxy: ProxyFactory, upstream: Upstream,
@@ -176,8 +183,8 @@ def test_forged_baggage_cannot_raise_a_limit_but_can_lower_it(proxy: ProxyFactor
         forged = [chat(http, base, t1, raise_it).status_code for _ in range(3)]
         lowered = [chat(http, base, t2, lower_it).status_code for _ in range(2)]
         bad = chat(http, base, task(), {"baggage": "ragtoll.budget.max_steps=lots"})
-    assert forged == [200, 200, 429]
-    assert lowered == [200, 429]
+    assert forged == [200, 200, 402]
+    assert lowered == [200, 402]
     assert bad.status_code == 200  # malformed budget baggage falls back to policy, never an error
     notes = [s.attributes.get(sc.BUDGET_NOTES) for s in call_spans(telemetry, "chat")]
     assert any(n and any("can only lower" in x for x in n) for n in notes)
@@ -228,7 +235,7 @@ def test_stream_is_cut_cleanly_when_completion_tokens_run_out(proxy: ProxyFactor
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "Hello"
     assert chunks[-1].choices[0].finish_reason == "length"
-    assert after.status_code == 429 and after.json()["error"]["dimension"] == "max_completion_tokens"
+    assert after.status_code == 402 and after.json()["error"]["dimension"] == "max_completion_tokens"
     span = call_spans(telemetry, "chat")[0]
     assert span.attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"
     assert any(e.name == sc.EVENT_EXCEEDED and e.attributes["stream_cut"] for e in span.events)
@@ -255,9 +262,9 @@ def test_deadline_rejects_late_calls_and_clamps_the_upstream_timeout(proxy: Prox
         late = chat(http, base, t)
         clamped = chat(http, base, slow, {"x-test-delay": "5"})
     assert first.status_code == 200
-    assert late.status_code == 429 and late.json()["error"]["dimension"] == "max_latency_ms"
+    assert late.status_code == 402 and late.json()["error"]["dimension"] == "max_latency_ms"
     # the 120 s read timeout was clamped to the 0.4 s left: its expiry is the budget's refusal, not a 504
-    assert clamped.status_code == 429 and clamped.json()["error"]["dimension"] == "max_latency_ms"
+    assert clamped.status_code == 402 and clamped.json()["error"]["dimension"] == "max_latency_ms"
 
 
 def test_cache_hit_is_charged_as_a_call_and_served(proxy: ProxyFactory, upstream: Upstream,
@@ -431,10 +438,10 @@ def test_signed_baggage_raises_a_limit_until_it_expires(proxy: ProxyFactory, ups
         def run(t: str, baggage: str) -> list[int]:
             return [chat(http, base, t, {"baggage": baggage}).status_code for _ in range(5)]
 
-        assert run(signed, good) == [200, 200, 200, 200, 429]
-        assert run(expired, old) == [200, 200, 429, 429, 429]
-        assert run(tampered, forged) == [200, 200, 429, 429, 429]
-        assert run(wrong_task, other) == [200, 200, 429, 429, 429]
+        assert run(signed, good) == [200, 200, 200, 200, 402]
+        assert run(expired, old) == [200, 200, 402, 402, 402]
+        assert run(tampered, forged) == [200, 200, 402, 402, 402]
+        assert run(wrong_task, other) == [200, 200, 402, 402, 402]
     notes = [n for s in call_spans(telemetry, "chat") for n in (s.attributes.get(sc.BUDGET_NOTES) or ())]
     assert any("expired" in n for n in notes) and any("bad signature" in n for n in notes)
 
@@ -448,7 +455,7 @@ def test_signed_raise_without_a_key_is_ignored(proxy: ProxyFactory, upstream: Up
     baggage = sign_budget(t, {"max_steps": 4}, HMAC_KEY, time.time() + 300)
     with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_steps=1)) as base, httpx.Client() as http:
         codes = [chat(http, base, t, {"baggage": baggage}).status_code for _ in range(2)]
-    assert codes == [200, 429]
+    assert codes == [200, 402]
 
 
 def sse(name: str, doc: dict[str, Any]) -> bytes:

@@ -67,12 +67,13 @@ def test_counts_hold_exactly_across_replicas(kind: str, upstream: Upstream, redi
                                    {"x-profile": "cost"}))
         ledger = httpx.get(f"{bases[1]}/admin/tasks/{cost_task}",
                            headers={"authorization": f"Bearer {TOKEN}"}).json()
-    assert sorted({r.status_code for r in chats + searches + costly}) == [200, 429]
+    assert sorted({r.status_code for r in chats + costly}) == [200, 402]  # LLM routes refuse with 402
+    assert sorted({r.status_code for r in searches}) == [200, 429]
     assert sum(r.status_code == 200 for r in chats) == 10
     assert upstream.app.state.calls["/v1/chat/completions"] - sum(r.status_code == 200 for r in costly) == 10
     assert sum(r.status_code == 200 for r in searches) == 7 and upstream.app.state.calls["/search"] == 7
-    assert {r.json()["error"]["dimension"] for r in chats if r.status_code == 429} == {"max_steps"}
-    assert {r.json()["error"]["dimension"] for r in costly if r.status_code == 429} == {"max_cost_usd"}
+    assert {r.json()["error"]["dimension"] for r in chats if r.status_code == 402} == {"max_steps"}
+    assert {r.json()["error"]["dimension"] for r in costly if r.status_code == 402} == {"max_cost_usd"}
     # one call reserves its prompt plus 1000 output tokens at $0.60/M: about $0.0006
     reservation = 1000 * 0.60 / 1e6 + 100 * 0.15 / 1e6
     assert ledger["used"]["cost_usd"] <= 0.003 + reservation

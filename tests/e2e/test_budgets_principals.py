@@ -64,9 +64,9 @@ def test_a_thousand_rotated_task_ids_are_stopped_by_new_tasks_per_minute(
     with proxy(upstreams=upstreams(upstream.url), **cfg) as base:
         answers = rotate(base, 1000, lambda i: {"authorization": key, "x-ragtoll-task-id": f"rot-{uuid.uuid4().hex}"})
     codes = [a.status_code for a in answers]
-    assert codes.count(200) == 10 and codes.count(429) == 990
+    assert codes.count(200) == 10 and codes.count(402) == 990
     assert upstream.app.state.calls[CHAT] == 10
-    refused = next(a for a in answers if a.status_code == 429)
+    refused = next(a for a in answers if a.status_code == 402)
     assert refused.headers["x-should-retry"] == "false" and "retry-after" not in refused.headers
     assert refused.headers["x-ragtoll-budget-remaining"] == "max_new_tasks_per_minute=0"
     err = refused.json()["error"]
@@ -109,10 +109,10 @@ def test_rotated_user_agents_under_the_session_policy_are_stopped(proxy: ProxyFa
     with proxy(upstreams=upstreams(upstream.url), **cfg) as base:
         answers = rotate(base, 200, lambda i: {"user-agent": f"agent/{i}"})
     codes = [a.status_code for a in answers]
-    assert codes.count(200) == 5 and codes.count(429) == 195
+    assert codes.count(200) == 5 and codes.count(402) == 195
     assert upstream.app.state.calls[CHAT] == 5
     assert len({a.headers["x-ragtoll-task-id"] for a in answers}) == 200  # 200 tasks, 5 admitted
-    assert next(a for a in answers if a.status_code == 429).json()["error"]["principal"] == "addr:127.0.0.1"
+    assert next(a for a in answers if a.status_code == 402).json()["error"]["principal"] == "addr:127.0.0.1"
 
 
 def test_concurrent_tasks_are_bounded_until_one_ends(proxy: ProxyFactory, upstream: Upstream, store: str) -> None:
@@ -128,10 +128,10 @@ def test_concurrent_tasks_are_bounded_until_one_ends(proxy: ProxyFactory, upstre
         # the end frees a's place (the release follows the end call): c starts at its first admitted try
         assert wait_until(lambda: chat(http, base, c, auth).status_code == 200)
         d = chat(http, base, task(), auth)
-    assert first == [200, 200, 429] and again.status_code == 200 and ended.status_code == 200
+    assert first == [200, 200, 402] and again.status_code == 200 and ended.status_code == 200
     assert (refused["dimension"], refused["scope"], refused["limit"], refused["used"]) == \
         ("max_concurrent_tasks", "principal", 2, 2)
-    assert d.status_code == 429  # b and c are live
+    assert d.status_code == 402  # b and c are live
     assert upstream.app.state.calls[CHAT] == 4  # a, b, a again, c
 
 
@@ -140,7 +140,7 @@ def test_idle_sweep_frees_the_principals_tasks(proxy: ProxyFactory, upstream: Up
     with proxy(upstreams=upstreams(upstream.url), **cfg) as base, httpx.Client(timeout=10) as http:
         assert chat(http, base, task()).status_code == 200
         second = task()
-        assert chat(http, base, second).status_code == 429
+        assert chat(http, base, second).status_code == 402
         assert wait_until(lambda: chat(http, base, second).status_code == 200)  # the first ended idle
     assert upstream.app.state.calls[CHAT] == 2
 
@@ -174,7 +174,7 @@ def test_cost_per_hour_ceiling_across_tasks(proxy: ProxyFactory, upstream: Upstr
             charged = 3600 * codes.count(200)
             if store != "memory" and resp.status_code == 200:  # the charge follows the response
                 assert wait_until(functools.partial(_charged_at_least, store, pid, charged))
-    assert codes == [200, 200, 200, 429, 429]
+    assert codes == [200, 200, 200, 402, 402]
     err = resp.json()["error"]
     assert (err["dimension"], err["scope"], err["principal"], err["limit"]) == \
         ("max_cost_usd_per_hour", "principal", pid, 0.00001)
@@ -191,8 +191,8 @@ def test_overrides_by_verified_identity(proxy: ProxyFactory, upstream: Upstream)
         bob = {"x-auth-subject": "bob", "x-auth-tenant": "acme", "authorization": KEY}  # same key, other person
         a = [chat(http, base, task(), alice).status_code for _ in range(4)]
         b = [chat(http, base, task(), bob) for _ in range(2)]
-    assert a == [200, 200, 200, 429]
-    assert [r.status_code for r in b] == [200, 429]
+    assert a == [200, 200, 200, 402]
+    assert [r.status_code for r in b] == [200, 402]
     assert b[1].json()["error"]["principal"] == "sub:acme/bob"
 
 

@@ -31,7 +31,7 @@ def test_redis_store_enforces_and_records_to_a_stream(proxy: ProxyFactory, upstr
         ready = http.get(f"{base}/readyz")
         end = http.post(f"{base}/admin/tasks/{t}/end", headers={"authorization": f"Bearer {TOKEN}"},
                         json={"correct": False})
-    assert codes == [200, 200, 429]
+    assert codes == [200, 200, 402]
     assert ready.json() == {"status": "ready", "store": "redis"}
     client = redis.Redis.from_url(redis_url)
     try:

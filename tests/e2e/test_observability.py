@@ -45,7 +45,7 @@ def test_metrics_endpoint_serves_prometheus_text_without_ids(upstream: Upstream)
     app = build_app(settings(upstream), meter_provider=mp, prometheus=reader, env=ENV)
     with serve_in_thread(app) as base:
         assert chat(base, "task-metrics-1").status_code == 200
-        assert chat(base, "task-metrics-1").status_code == 429  # max_steps 1
+        assert chat(base, "task-metrics-1").status_code == 402  # max_steps 1
         text = httpx.get(f"{base}/metrics").text
     mp.shutdown()
     assert re.search(r'ragtoll_calls_total\{.*ragtoll_outcome="ok".*\} 1', text)

@@ -140,7 +140,7 @@ async def test_admits_within_the_limit_and_refuses_past_it_naming_the_limit() ->
     with pytest.raises(BudgetExceeded) as refused:
         await stage.on_request(second)
     err = refused.value
-    assert err.status == 429 and err.code == "budget_exceeded"
+    assert err.status == 402 and err.code == "budget_exceeded"
     assert "max_steps limit 1, used 1" in err.message and "'task-1'" in err.message
     assert second.admission is not None and not second.admission.admitted
     span = xs.finished(second)

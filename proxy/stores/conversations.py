@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
+import xxhash
 
 from ..core.conversation import Pending
 
@@ -110,11 +111,16 @@ class RedisConversationStore:
         self.client = client
         self.ttl_s = max(1, int(ttl_s))
 
+    @staticmethod
+    def _link_key(key: str) -> str:
+        # a link holds ids the client chose (a tool call's, a response's): hashed, never a raw key
+        return PREFIX + "l:" + xxhash.xxh3_128_hexdigest(key.encode("utf-8", "replace"))
+
     async def link(self, key: str, task_id: str) -> None:
-        await self.client.set(PREFIX + "l:" + key, task_id, ex=self.ttl_s)
+        await self.client.set(self._link_key(key), task_id, ex=self.ttl_s)
 
     async def find(self, key: str) -> str | None:
-        found = await self.client.get(PREFIX + "l:" + key)
+        found = await self.client.get(self._link_key(key))
         return found.decode() if isinstance(found, bytes) else found
 
     async def pending(self, scope: str, entry: Pending) -> None:

@@ -145,7 +145,7 @@ def test_task_id_from_env_puts_agent_spans_under_the_task_root(
 def test_without_the_hook_the_proxy_falls_back_to_session_heuristics(
     proxy: ProxyFactory, telemetry: Telemetry, otlp: OtlpReceiver
 ) -> None:
-    with proxy(budgets=BUDGETS) as base:
+    with proxy(budgets=BUDGETS, tasks={"untracked": "session"}) as base:
         run = run_agent(base, otlp, instrumented=False, RAGTOLL_BUDGET_PROFILE="tight")
     spans = call_spans(telemetry)
     assert {s.attributes["ragtoll.task.source"] for s in spans} == {"session"}

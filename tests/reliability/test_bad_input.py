@@ -167,20 +167,23 @@ def test_odd_task_ids_touch_only_their_own_hashed_keys(proxy: ProxyFactory, faul
                 assert view["task_id"] == task and view["used"]["steps"] == 1
             for task in REFUSED_IDS:
                 r = http.post(f"{base}/openai/v1/chat/completions", json=CHAT, headers={"x-ragtoll-task-id": task})
-                assert r.status_code == 200 and r.headers["x-ragtoll-task-id"].startswith("session-")
+                # the untracked default: the call's conversation (each of these opens a new one)
+                assert r.status_code == 200 and r.headers["x-ragtoll-task-id"].startswith("conv-")
             for raw in baggage_ids:
                 r = http.post(f"{base}/openai/v1/chat/completions", json=CHAT,
                               headers={"baggage": f"ragtoll.task.id={raw}"})
-                assert r.status_code == 200 and r.headers["x-ragtoll-task-id"].startswith("session-")
+                # the untracked default: the call's conversation (each of these opens a new one)
+                assert r.status_code == 200 and r.headers["x-ragtoll-task-id"].startswith("conv-")
         keys = sorted(k.decode() for k in client.keys("*"))
         assert client.get("victim") == b"untouched"
     finally:
         client.flushdb()
         client.close()
-    pattern = re.compile(r"^ragtoll:\{t:[0-9a-f]{32}\}:[hqc]$")
+    pattern = re.compile(r"^ragtoll:\{t:[0-9a-f]{32}\}:[hqc]$|^ragtoll:conv:[lpc]:[0-9a-f]{24,32}$")
     # and the deployment's own fixed keys: its records stream, the tasks it handed over when it stopped
     assert [k for k in keys if k not in ("victim", stream, f"ragtoll:handover:{stream}") and not pattern.match(k)] == []
-    assert len([k for k in keys if k.endswith(":h")]) == len(ODD_IDS) + 1  # + the one session task
+    # + one conversation task per refused id (each call opens its own conversation)
+    assert len([k for k in keys if k.endswith(":h")]) == len(ODD_IDS) + len(REFUSED_IDS) + len(baggage_ids)
 
 
 # --- header injection ---------------------------------------------------------------------------

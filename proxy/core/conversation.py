@@ -12,7 +12,8 @@ anchor under the task, where the loop's later calls find it. The Responses API n
 instead: `previous_response_id` (the task of that response) or `conversation` (an id).
 
 A search or rerank call carries none of this: it is matched to the conversation whose latest
-answer asked for a tool call with these arguments (`match_pending`).
+answer asked for a tool call with these arguments (`match_pending`); a search that answers no tool
+call and holds a loop's question (one made before the loop's first call) is found by `query_key`.
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ class Thread:
     anchor: str | None = None
     previous: str | None = None
     named: str | None = None
+    question: str = (
+        ""  # the first user message's key (`query_key`): a search made before the loop's first call
+    )
 
 
 def _text(content: Any) -> str:
@@ -140,7 +144,11 @@ def thread_of(operation: str, body: bytes | None, caller: str) -> Thread | None:
             break
     if first_user is None:
         return None
-    return Thread(_fingerprint(caller, system, first_user, tools), _chat_anchor(messages))
+    return Thread(
+        _fingerprint(caller, system, first_user, tools),
+        _chat_anchor(messages),
+        question=query_key(first_user),
+    )
 
 
 def _responses(doc: dict[str, Any], caller: str, tools: list[str]) -> Thread | None:
@@ -172,11 +180,18 @@ def _responses(doc: dict[str, Any], caller: str, tools: list[str]) -> Thread | N
         anchor,
         previous if isinstance(previous, str) and previous else None,
         named if isinstance(named, str) and named else None,
+        query_key(first_user or ""),
     )
 
 
 def normalize(text: str) -> str:
     return _SPACE.sub(" ", text).strip().casefold()
+
+
+def query_key(text: str) -> str:
+    """A search query or a first user message, as the key a search made before a loop's first
+    call is found by (retrieve-then-reason agents search with the question first)."""
+    return xxhash.xxh3_64_hexdigest(normalize(text).encode("utf-8", "replace"))
 
 
 def argument_texts(arguments: str) -> list[str]:

@@ -9,8 +9,10 @@ conversation's trace). What it decides, and how sure it is, goes on the call spa
     continues (Responses API), else its fingerprint and anchor, looked up in the store; the loop's
     first call opens a task, and its answer's anchor is filed under it (`observe`);
   * a search, rerank or embeddings call: the conversation of this client whose latest answer
-    asked for a tool call with these arguments, else the client's most recent conversation
-    (`conversation-recent`: a guess, held to progress limits only, as a session is);
+    asked for a tool call with these arguments; else, when it has a query, the loop that will ask
+    that question (`conversation-query`: a search made before a loop's first call, which that call
+    then joins); else the client's most recent conversation (`conversation-recent`). Both guesses
+    are held to progress limits only, as a session is;
   * nothing to go by (no user message, a body not read, an unknown client, a failing store):
     None, and the client's session stands.
 The store is asked at most once before the call and a few times after it, each bounded by
@@ -28,6 +30,7 @@ import xxhash
 from ..core import conversation as cv
 from ..model import (
     SOURCE_CONVERSATION,
+    SOURCE_CONVERSATION_QUERY,
     SOURCE_CONVERSATION_RECENT,
     SOURCE_CONVERSATION_TOOL,
     SOURCE_SESSION,
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
 LLM = frozenset({"chat", "text_completion", "messages"})
 TOOLS = frozenset({"retrieval", "rerank", "embeddings"})
 RECENT_CONFIDENCE = 0.3  # the client's most recent conversation: right when one user is active
+PRESEARCH_CONFIDENCE = 0.5  # a search no tool call asked for: the loop that asks that question
 MAX_CLAIMS = 4  # identical searches racing for one tool call: store round trips one search may make
 
 
@@ -97,11 +101,17 @@ class Conversations:
             return self._ref(
                 "conv-" + _h(caller, "prev", thread.previous), "previous-response-unseen", 0.8
             ), thread
+        anchored = f"a:{thread.fingerprint}:{thread.anchor}"
+        if thread.anchor is not None and (found := await self.store.find(anchored)) is not None:
+            return self._ref(found, "fingerprint", 1.0), thread
+        # the loop's first call here: a search made with its question before it opened the task
+        adopted = await self.store.take(f"q:{self.scope(ex)}:{thread.question}") if thread.question else None
+        if adopted is not None:
+            if thread.anchor is not None:  # a first call that names an answer (a forced first tool call)
+                await self.store.link(anchored, adopted)
+            return self._ref(adopted, "pre-search", 0.9), thread
         if thread.anchor is None:  # the loop's first call: a new task
             return self._ref(f"conv-{thread.fingerprint[:16]}-{uuid.uuid4().hex[:8]}", "opening", 1.0), thread
-        found = await self.store.find(f"a:{thread.fingerprint}:{thread.anchor}")
-        if found is not None:
-            return self._ref(found, "fingerprint", 1.0), thread
         # the opening's answer was never filed (it failed, the store lost it): the rest is one task
         return self._ref("conv-" + _h(thread.fingerprint, thread.anchor), "fingerprint-unseen", 0.8), thread
 
@@ -118,7 +128,16 @@ class Conversations:
             if matched.token in consumed or await self.store.consume(scope, matched.token):
                 return self._ref(matched.task_id, matched.rule, matched.confidence, SOURCE_CONVERSATION_TOOL)
             consumed.add(matched.token)
-        if recent:
+        if query and query.strip():
+            # no tool call asked for it: a search made before a loop's first call (retrieve-then-
+            # reason), which opens the task that loop's first call then joins (`_llm`)
+            key = f"q:{scope}:{cv.query_key(query)}"
+            task_id = await self.store.find(key)
+            if task_id is None:
+                task_id = f"conv-q{cv.query_key(query)[:15]}-{uuid.uuid4().hex[:8]}"
+                await self.store.link(key, task_id)
+            return self._ref(task_id, "pre-search", PRESEARCH_CONFIDENCE, SOURCE_CONVERSATION_QUERY)
+        if recent:  # no query to go by (a rerank by ids, a vector search): the client's latest
             return self._ref(recent[0].task_id, "most-recent", RECENT_CONFIDENCE, SOURCE_CONVERSATION_RECENT)
         return None
 

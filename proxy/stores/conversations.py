@@ -38,6 +38,9 @@ class ConversationStore(Protocol):
     async def find(self, key: str) -> str | None:
         """The task `key` belongs to, if remembered."""
 
+    async def take(self, key: str) -> str | None:
+        """As `find`, and forget it (atomic: one taker)."""
+
     async def pending(self, scope: str, entry: Pending) -> None:
         """The latest answer of a conversation of this client scope (replaces its earlier one)."""
 
@@ -69,6 +72,11 @@ class MemoryConversationStore:
         if found is None or self._clock() - found[1] > self.ttl_s:
             return None
         return found[0]
+
+    async def take(self, key: str) -> str | None:
+        found = await self.find(key)
+        self._links.pop(key, None)
+        return found
 
     async def pending(self, scope: str, entry: Pending) -> None:
         entries = self._scopes.get(scope)
@@ -121,6 +129,10 @@ class RedisConversationStore:
 
     async def find(self, key: str) -> str | None:
         found = await self.client.get(self._link_key(key))
+        return found.decode() if isinstance(found, bytes) else found
+
+    async def take(self, key: str) -> str | None:
+        found = await self.client.getdel(self._link_key(key))  # Redis 6.2+
         return found.decode() if isinstance(found, bytes) else found
 
     async def pending(self, scope: str, entry: Pending) -> None:

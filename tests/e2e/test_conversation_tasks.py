@@ -219,3 +219,34 @@ def test_a_session_gets_progress_limits_only_unless_the_operator_asks(
     ) as (base, _llm):
         codes = run_session_client(base, 8)
     assert codes[:5] == [200] * 5 and set(codes[5:]) == {402}
+
+
+def test_a_search_before_the_loop_joins_the_loop_that_asks_its_question(
+    telemetry: Telemetry, tmp_path: Any
+) -> None:
+    """Retrieve-then-reason: the app searches with the user's question, then starts the model loop
+    with it (as the demo agent does). The search opens the task; the loop's first call joins it."""
+    questions = [f"What is the refund policy for order {i}?" for i in range(4)]
+
+    def agent(base: str, question: str) -> None:
+        with httpx.Client() as http:
+            http.post(
+                f"{base}/docs/search",
+                json={"query": question, "top_k": 3},
+                headers={"x-auth-groups": "public"},
+            )
+        run_agent(base, question)
+
+    with stack(telemetry, tmp_path) as (base, _llm), concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda q: agent(base, q), questions))
+    spans = sorted(calls(telemetry), key=lambda s: s.start_time)
+    tasks = {s.attributes[sc.TASK_ID] for s in spans}
+    # one task per user: the early search, the model call, its search (the same query: it stalls,
+    # so the progress limit has the model answer) and the answer
+    assert len(tasks) == 4 and len(spans) == 16
+    for t in tasks:
+        mine = [s for s in spans if s.attributes[sc.TASK_ID] == t]
+        assert [s.attributes[sc.GEN_AI_OPERATION_NAME] for s in mine] == ["retrieval", "chat", "retrieval", "chat"]
+        assert mine[0].attributes[sc.TASK_SOURCE] == "conversation-query"
+        assert mine[0].attributes[sc.TASK_MATCH] == "pre-search"
+        assert mine[1].attributes[sc.TASK_MATCH] == "pre-search"  # the loop's first call joined it

@@ -43,6 +43,8 @@ async def test_links_are_found(store: ConversationStore) -> None:
     assert await store.find(k) == "conv-1"
     await store.link(k, "conv-2")  # a later link wins
     assert await store.find(k) == "conv-2"
+    assert await store.take(k) == "conv-2"
+    assert await store.take(k) is None  # taken once
 
 
 async def test_pending_is_newest_first_one_entry_per_conversation(store: ConversationStore) -> None:

@@ -236,24 +236,33 @@ class Match:
 def match_pending(
     query: str | None, pending: Iterable[Pending], consumed: Collection[str] = ()
 ) -> Match | None:
-    """The conversation, newest first, whose pending tool calls hold this query: `exact` (an
-    argument equals it: 1.0), else `contained` (one holds the other: 0.7). A tool call no search has
-    answered yet comes first; an answered one matches still (a repeated search), after them."""
+    """The conversation whose pending tool calls (`pending`: newest first) hold this query: `exact`
+    (an argument equals it: 1.0), else `contained` (one holds the other: 0.7). A tool call no search
+    has answered yet comes first (the oldest such: two users' identical agents asking the same
+    search each get their own, in the order their answers came); an answered one matches still (a
+    repeated search: the newest), after them."""
     if not query:
         return None
     q = normalize(query)
     if not q:
         return None
-    pending = list(pending)
-    found: dict[tuple[bool, str], Match] = {}  # (already consumed, rule) -> the newest such match
+    found: dict[tuple[bool, str], Match] = {}  # (already consumed, rule) -> the match kept
     for p in pending:
         for i, text in enumerate(p.texts):
             token = f"{p.key}:{i}"
             used = token in consumed
             if text == q:
-                found.setdefault((used, "exact"), Match(p.task_id, "exact", 1.0, token))
+                match = Match(p.task_id, "exact", 1.0, token)
             elif min(len(q), len(text)) >= MIN_CONTAINED and (q in text or text in q):
-                found.setdefault((used, "contained"), Match(p.task_id, "contained", 0.7, token))
+                match = Match(p.task_id, "contained", 0.7, token)
+            else:
+                continue
+            # an answered tool call: the newest (a search repeated); one still open: the oldest, as
+            # agents run their tool calls in the order their answers came
+            if used:
+                found.setdefault((used, match.rule), match)
+            else:
+                found[(used, match.rule)] = match
     for rank in ((False, "exact"), (True, "exact"), (False, "contained"), (True, "contained")):
         if rank in found:
             return found[rank]

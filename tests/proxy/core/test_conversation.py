@@ -99,11 +99,14 @@ def test_nothing_to_go_by_is_none() -> None:
     assert cv.thread_of("chat", b"", "c") is None
 
 
-def test_a_search_matches_the_pending_tool_call_newest_first() -> None:
+def test_a_search_matches_the_oldest_open_tool_call_it_answers() -> None:
     older = cv.Pending("t-old", tuple(cv.argument_texts('{"query": "Refund  Window"}')), "k1")
     newer = cv.Pending("t-new", tuple(cv.argument_texts('{"query": "refund window", "top_k": 5}')), "k2")
     other = cv.Pending("t-other", tuple(cv.argument_texts('{"query": "who signs the contract"}')), "k3")
-    assert cv.match_pending("refund window", [newer, other, older]) == cv.Match("t-new", "exact", 1.0, "k2:0")
+    assert cv.match_pending("refund window", [newer, other, older]) == cv.Match("t-old", "exact", 1.0, "k1:0")
+    assert cv.match_pending("refund window", [newer, other, older], {"k1:0"}) == cv.Match(
+        "t-new", "exact", 1.0, "k2:0"
+    )
     assert cv.match_pending("who signs", [newer, other]) == cv.Match("t-other", "contained", 0.7, "k3:0")
     assert cv.match_pending("who", [other]) is None  # too short to match by containment
     assert cv.match_pending("unrelated", [newer, other]) is None
@@ -112,13 +115,13 @@ def test_a_search_matches_the_pending_tool_call_newest_first() -> None:
 
 
 def test_identical_searches_of_identical_agents_each_find_their_own() -> None:
-    """Two users' agents ask the same search at once: the first search answers the newest
-    conversation's tool call, the second the other's (not the newest's again)."""
+    """Two users' agents ask the same search at once: the first search answers the older
+    conversation's tool call (its answer came first), the second the other's."""
     a = cv.Pending("t-a", ("refund window",), "ka")
     b = cv.Pending("t-b", ("refund window",), "kb")
     first = cv.match_pending("refund window", [b, a])
-    assert first is not None and first.task_id == "t-b"
+    assert first is not None and first.task_id == "t-a"
     second = cv.match_pending("refund window", [b, a], {first.token})
-    assert second is not None and second.task_id == "t-a"
+    assert second is not None and second.task_id == "t-b"
     again = cv.match_pending("refund window", [b, a], {first.token, second.token})  # a repeated search
     assert again is not None and again.task_id == "t-b"

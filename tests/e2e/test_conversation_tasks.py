@@ -52,8 +52,8 @@ def store(request: pytest.FixtureRequest) -> str:
 
 @contextlib.contextmanager
 def stack(
-    telemetry: Telemetry, tmp_path: Any, store: str = "memory", **raw: Any
-) -> Iterator[tuple[str, Any]]:
+    telemetry: Telemetry, tmp_path: Any, store: str = "memory", replicas: int = 1, **raw: Any
+) -> Iterator[Any]:
     llm_app = services.llm_app(policy)
     with serve_in_thread(llm_app) as llm, serve_in_thread(services.retrieval_app(load_corpus())) as docs:
         doc: dict[str, Any] = {
@@ -78,19 +78,29 @@ def stack(
             **raw,
         }
         doc["budgets"] = {"records_file": str(tmp_path / "records.jsonl"), **raw.get("budgets", {})}
+        settings = config.parse(doc)
         app = build_app(
-            config.parse(doc),
-            tracer_provider=telemetry.tracer_provider,
-            meter_provider=telemetry.meter_provider,
+            settings, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider
         )
         with serve_in_thread(app) as base:
-            yield base, llm_app
+            if replicas == 1:
+                yield base, llm_app
+                return
+            other = build_app(
+                settings, tracer_provider=telemetry.tracer_provider, meter_provider=telemetry.meter_provider
+            )
+            with serve_in_thread(other) as second:
+                yield [base, second], llm_app
 
 
-def run_agent(base: str, question: str, max_turns: int = 10) -> tuple[str | None, list[int]]:
+def run_agent(
+    base: str, question: str, max_turns: int = 10, search_base: str | None = None
+) -> tuple[str | None, list[int]]:
     """A plain tool-calling loop over the openai SDK (one shared key), its searches over httpx
-    with no credential at all; returns the answer and the status of every search."""
+    with no credential at all (through `search_base`, another replica, if given); returns the
+    answer and the status of every search."""
     searches: list[int] = []
+    search_base = search_base or base
     with (
         openai.OpenAI(base_url=f"{base}/llm/v1", api_key="sk-one-key-for-everyone") as llm,
         httpx.Client() as http,
@@ -125,7 +135,7 @@ def run_agent(base: str, question: str, max_turns: int = 10) -> tuple[str | None
                 query = orjson.loads(c.function.arguments)["query"]
                 # the app's gateway names the user's groups to the index (not to the model)
                 r = http.post(
-                    f"{base}/docs/search",
+                    f"{search_base}/docs/search",
                     json={"query": query, "top_k": 3},
                     headers={"x-auth-groups": "public,staff"},
                 )
@@ -246,7 +256,31 @@ def test_a_search_before_the_loop_joins_the_loop_that_asks_its_question(
     assert len(tasks) == 4 and len(spans) == 16
     for t in tasks:
         mine = [s for s in spans if s.attributes[sc.TASK_ID] == t]
-        assert [s.attributes[sc.GEN_AI_OPERATION_NAME] for s in mine] == ["retrieval", "chat", "retrieval", "chat"]
+        assert [s.attributes[sc.GEN_AI_OPERATION_NAME] for s in mine] == [
+            "retrieval",
+            "chat",
+            "retrieval",
+            "chat",
+        ]
         assert mine[0].attributes[sc.TASK_SOURCE] == "conversation-query"
         assert mine[0].attributes[sc.TASK_MATCH] == "pre-search"
         assert mine[1].attributes[sc.TASK_MATCH] == "pre-search"  # the loop's first call joined it
+
+
+def test_a_conversation_spans_replicas(telemetry: Telemetry, tmp_path: Any, redis_url: str) -> None:
+    """Two replicas on one Redis: the model calls go to one, the searches to the other; each search
+    still joins the conversation whose answer asked for it."""
+    questions = [f"What is the refund policy for order {i}? ({uuid.uuid4().hex[:6]})" for i in range(4)]
+    with (
+        stack(telemetry, tmp_path, redis_url, replicas=2) as (bases, _llm),
+        concurrent.futures.ThreadPoolExecutor(4) as pool,
+    ):
+        results = list(pool.map(lambda q: run_agent(bases[0], q, search_base=bases[1]), questions))
+    assert all(answer is not None for answer, _ in results)
+    spans = calls(telemetry)
+    chats = [s for s in spans if s.attributes[sc.GEN_AI_OPERATION_NAME] == "chat"]
+    searches = [s for s in spans if s.attributes[sc.GEN_AI_OPERATION_NAME] == "retrieval"]
+    tasks = {s.attributes[sc.TASK_ID] for s in chats}
+    assert len(tasks) == 4 and len(searches) == 8
+    assert {s.attributes[sc.TASK_SOURCE] for s in searches} == {"conversation-tool-match"}
+    assert {s.attributes[sc.TASK_ID] for s in searches} == tasks

@@ -29,6 +29,8 @@ import xxhash
 MAX_BODY_BYTES = 4 << 20  # a larger body is not fingerprinted (the caller's session stands)
 _SPACE = re.compile(r"\s+")
 MIN_CONTAINED = 8  # characters a query must have to match by containment (not exact)
+MAX_TEXT = 200  # characters of one tool-call argument kept to match searches by (a query is shorter)
+MAX_TEXTS = 8  # argument texts kept per answer (its tool calls' queries, ids...)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,18 +197,19 @@ def query_key(text: str) -> str:
 
 
 def argument_texts(arguments: str) -> list[str]:
-    """The string values of a tool call's arguments (JSON), normalized; the whole text if not JSON."""
+    """The string values of a tool call's arguments (JSON), normalized and cut to MAX_TEXT; the
+    whole text if not JSON; at most MAX_TEXTS (what a store keeps per answer stays small)."""
     try:
         doc = orjson.loads(arguments)
     except orjson.JSONDecodeError:
-        return [normalize(arguments)] if arguments.strip() else []
+        return [normalize(arguments)[:MAX_TEXT]] if arguments.strip() else []
     out: list[str] = []
     stack = [doc]
-    while stack and len(out) < 64:
+    while stack and len(out) < MAX_TEXTS:
         v = stack.pop()
         if isinstance(v, str):
             if v.strip():
-                out.append(normalize(v))
+                out.append(normalize(v)[:MAX_TEXT])
         elif isinstance(v, dict):
             stack.extend(v.values())
         elif isinstance(v, list):
@@ -243,7 +246,7 @@ def match_pending(
     repeated search: the newest), after them."""
     if not query:
         return None
-    q = normalize(query)
+    q = normalize(query)[:MAX_TEXT]  # compared as the store keeps arguments
     if not q:
         return None
     found: dict[tuple[bool, str], Match] = {}  # (already consumed, rule) -> the match kept

@@ -163,7 +163,9 @@ class Conversations:
                         await self.store.link(f"a:{thread.fingerprint}:{anchor}", task_id)
                 if obs.response_id:
                     await self.store.link("r:" + obs.response_id, task_id)
-                texts = tuple(t for _id, args in obs.tool_calls for t in cv.argument_texts(args))
+                texts = tuple(t for _id, args in obs.tool_calls for t in cv.argument_texts(args))[
+                    : cv.MAX_TEXTS
+                ]
                 key = (obs.tool_calls[0][0] if obs.tool_calls else "") or uuid.uuid4().hex
                 await self.store.pending(self.scope(ex), cv.Pending(task_id, texts, key[:128]))
         except Exception:  # noqa: BLE001, S110 - bookkeeping: a failing store never fails the call

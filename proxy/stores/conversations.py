@@ -25,7 +25,9 @@ import xxhash
 from ..core.conversation import Pending
 
 MAX_LINKS = 200_000  # memory store: least recently written links go first beyond this
-MAX_SCOPES = 10_000  # memory store: client scopes whose pending tool calls are kept
+# memory store: client scopes whose pending tool calls are kept. Worst case held: MAX_SCOPES x
+# MAX_PENDING answers x MAX_TEXTS x MAX_TEXT characters (core/conversation.py): about 100 MB
+MAX_SCOPES = 1_000
 MAX_PENDING = 64  # conversations per client scope a search is matched against (newest first)
 MAX_CONSUMED = MAX_PENDING * 16  # answered tool calls remembered per client scope (Redis)
 PREFIX = "ragtoll:conv:"

@@ -125,3 +125,15 @@ def test_identical_searches_of_identical_agents_each_find_their_own() -> None:
     assert second is not None and second.task_id == "t-b"
     again = cv.match_pending("refund window", [b, a], {first.token, second.token})  # a repeated search
     assert again is not None and again.task_id == "t-b"
+
+
+def test_what_is_kept_of_an_answer_is_bounded() -> None:
+    """A hostile model answer (huge arguments, thousands of values) keeps at most MAX_TEXTS texts
+    of at most MAX_TEXT characters; a long query still matches its own (cut) argument."""
+    long_query = "refund " * 500
+    texts = cv.argument_texts(orjson.dumps({"query": long_query, "more": ["x" * 10_000] * 1000}).decode())
+    assert len(texts) <= cv.MAX_TEXTS and all(len(t) <= cv.MAX_TEXT for t in texts)
+    found = cv.match_pending(
+        long_query, [cv.Pending("t", tuple(cv.argument_texts(orjson.dumps({"q": long_query}).decode())), "k")]
+    )
+    assert found is not None and found.rule == "exact"

@@ -77,3 +77,14 @@ async def test_memory_links_expire() -> None:
     now[0] = 11
     assert await store.find("k") is None
     assert await store.recent("s") == ([], set())
+
+
+async def test_memory_scopes_are_bounded() -> None:
+    from ragtoll.proxy.stores.conversations import MAX_SCOPES
+
+    store = MemoryConversationStore(60)
+    for i in range(MAX_SCOPES + 50):
+        await store.pending(f"scope-{i}", Pending("t", ("q",), "k"))
+        await store.consume(f"scope-{i}", "k:0")
+    assert len(store._scopes) == MAX_SCOPES and len(store._consumed) <= MAX_SCOPES
+    assert await store.recent("scope-0") == ([], set())  # the least recent went first

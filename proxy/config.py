@@ -636,6 +636,9 @@ class PrincipalsConfig:
 
     default: PrincipalLimits = PrincipalLimits()
     overrides: Mapping[str, PrincipalLimits] = EMPTY
+    # a caller with no verified identity and no credential: known by its address (`addr:<ip>`, so
+    # callers behind one NAT share it), or refused with a 401 (gateways that require a credential)
+    anonymous: Literal["address", "refuse"] = "address"
 
     def __post_init__(self) -> None:
         _freeze(self, "overrides")

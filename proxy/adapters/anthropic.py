@@ -34,6 +34,7 @@ class AnthropicAdapter:
     # (tests/e2e/test_framework_refusals.py); `budgets.reject_status: 429` restores the usual status
     reject_status = 402
     reads_body = True
+    credential_headers = ("x-api-key", "authorization")  # the API key; else an OAuth Bearer token
 
     empty_result = staticmethod(no_empty_result)
     def __init__(self, upstream: UpstreamInfo) -> None:

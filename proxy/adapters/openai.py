@@ -54,6 +54,7 @@ class OpenAIAdapter:
     # (llama-index: 3 requests per refusal); none retries a 402 (tests/e2e/test_framework_refusals.py)
     reject_status = 402
     reads_body = True
+    credential_headers = ("authorization", "api-key")  # Bearer; Azure OpenAI's `api-key`
 
     empty_result = staticmethod(no_empty_result)
     def __init__(self, upstream: UpstreamInfo) -> None:

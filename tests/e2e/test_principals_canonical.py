@@ -43,14 +43,14 @@ def test_spellings_of_one_key_share_one_principal(proxy: ProxyFactory, upstream:
     with proxy(upstreams=upstreams(upstream.url), **cfg) as base:
         answers = rotate(base, len(variants), lambda i: {**variants[i], "x-ragtoll-task-id": f"sp-{uuid.uuid4().hex}"})
     codes = [a.status_code for a in answers]
-    assert codes.count(200) == 5 and codes.count(429) == 15, codes
+    assert codes.count(200) == 5 and codes.count(402) == 15, codes
     assert upstream.app.state.calls[CHAT] == 5
-    assert len({a.json()["error"]["principal"] for a in answers if a.status_code == 429}) == 1
+    assert len({a.json()["error"]["principal"] for a in answers if a.status_code == 402}) == 1
 
 
 def test_anthropic_principal_is_its_api_key(proxy: ProxyFactory, upstream: Upstream, store: str) -> None:
     """Anthropic authenticates by `x-api-key`: a random Authorization header beside it changes nothing.
-    (The loopback upstream has no Messages API: an admitted call is its 404, a refused one ragtoll's 429.)"""
+    (The loopback upstream has no Messages API: an admitted call is its 404, a refused one ragtoll's 402.)"""
     key = f"sk-ant-{uuid.uuid4().hex}"
     cfg = settings(store, {"default": {"max_new_tasks_per_minute": 3}})
     with proxy(upstreams=upstreams(upstream.url), **cfg) as base, httpx.Client(timeout=30) as http:
@@ -60,8 +60,8 @@ def test_anthropic_principal_is_its_api_key(proxy: ProxyFactory, upstream: Upstr
             "model": "claude-3-5-haiku-latest", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
         ) for _ in range(8)]
     codes = [a.status_code for a in answers]
-    assert codes.count(429) == 5 and 429 not in codes[:3], codes
-    assert len({a.json()["error"]["principal"] for a in answers if a.status_code == 429}) == 1
+    assert codes.count(402) == 5 and 402 not in codes[:3], codes
+    assert len({a.json()["error"]["principal"] for a in answers if a.status_code == 402}) == 1
 
 
 def test_a_credential_header_sent_twice_is_refused(proxy: ProxyFactory, upstream: Upstream) -> None:
@@ -105,7 +105,7 @@ def test_anonymous_callers_are_known_by_address_or_refused(proxy: ProxyFactory, 
     with proxy(upstreams=upstreams(upstream.url), **cfg) as base, httpx.Client(timeout=30) as http:
         codes = [http.post(f"{base}/openai{CHAT}", json=body, headers={"x-ragtoll-task-id": f"a-{i}"})
                  for i in range(3)]
-    assert [c.status_code for c in codes] == [200, 200, 429]
+    assert [c.status_code for c in codes] == [200, 200, 402]
     assert codes[2].json()["error"]["principal"] == "addr:127.0.0.1"
     refuse = settings("memory", {"default": {"max_new_tasks_per_minute": 2}, "anonymous": "refuse"})
     with proxy(upstreams=upstreams(upstream.url), **refuse) as base, httpx.Client(timeout=30) as http:

@@ -284,3 +284,109 @@ def test_a_conversation_spans_replicas(telemetry: Telemetry, tmp_path: Any, redi
     assert len(tasks) == 4 and len(searches) == 8
     assert {s.attributes[sc.TASK_SOURCE] for s in searches} == {"conversation-tool-match"}
     assert {s.attributes[sc.TASK_ID] for s in searches} == tasks
+
+
+def responses_app() -> Any:
+    """A Responses API stand-in: a function call first, then an answer; ids resp_1, resp_2, ..."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    ids = iter(range(1, 1_000_000))
+
+    async def respond(request: Request) -> JSONResponse:
+        doc = await request.json()
+        n = next(ids)
+        if doc.get("previous_response_id"):
+            output = [
+                {
+                    "type": "message",
+                    "id": f"msg_{n}",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "done", "annotations": []}],
+                }
+            ]
+        else:
+            output = [
+                {
+                    "type": "function_call",
+                    "id": f"fc_{n}",
+                    "call_id": f"call_{n}",
+                    "name": "retrieve",
+                    "arguments": orjson.dumps({"query": f"search for {doc['input']}"}).decode(),
+                    "status": "completed",
+                }
+            ]
+        return JSONResponse(
+            {
+                "id": f"resp_{n}",
+                "object": "response",
+                "created_at": 0,
+                "status": "completed",
+                "model": "gpt-4o",
+                "output": output,
+                "parallel_tool_calls": True,
+                "tool_choice": "auto",
+                "tools": [],
+                "usage": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15},
+            }
+        )
+
+    return Starlette(routes=[Route("/v1/responses", respond, methods=["POST"])])
+
+
+def test_a_responses_api_chain_is_one_task(telemetry: Telemetry, tmp_path: Any) -> None:
+    """The Responses API names its chain: previous_response_id joins the task of that response;
+    the search its function call asked for joins it too."""
+    with (
+        serve_in_thread(responses_app()) as llm,
+        serve_in_thread(services.retrieval_app(load_corpus())) as docs,
+    ):
+        doc = {
+            "upstreams": [
+                {"name": "llm", "kind": "llm", "api": "openai", "url": llm, "prefix": "/llm"},
+                {
+                    "name": "docs",
+                    "kind": "retrieval",
+                    "api": "json",
+                    "url": docs,
+                    "prefix": "/docs",
+                    "fields": {
+                        "query": "query",
+                        "top_k": "top_k",
+                        "results": "results",
+                        "id": "id",
+                        "text": "text",
+                    },
+                },
+            ],
+            "budgets": {"records_file": str(tmp_path / "records.jsonl")},
+        }
+        app = build_app(
+            config.parse(doc),
+            tracer_provider=telemetry.tracer_provider,
+            meter_provider=telemetry.meter_provider,
+        )
+        with (
+            serve_in_thread(app) as base,
+            openai.OpenAI(base_url=f"{base}/llm/v1", api_key="sk-one") as client,
+            httpx.Client() as http,
+        ):
+            for user in ("alice", "bob"):
+                first = client.responses.create(model="gpt-4o", input=f"question of {user}")
+                args = orjson.loads(first.output[0].arguments)  # type: ignore[union-attr]
+                http.post(
+                    f"{base}/docs/search",
+                    json={"query": args["query"], "top_k": 3},
+                    headers={"x-auth-groups": "public"},
+                )
+                client.responses.create(model="gpt-4o", input="ok", previous_response_id=first.id)
+    spans = sorted(calls(telemetry), key=lambda s: s.start_time)
+    assert len(spans) == 6
+    alice, bob = spans[:3], spans[3:]
+    for user in (alice, bob):
+        assert len({s.attributes[sc.TASK_ID] for s in user}) == 1
+        assert [s.attributes[sc.TASK_MATCH] for s in user] == ["opening", "exact", "previous-response"]
+    assert alice[0].attributes[sc.TASK_ID] != bob[0].attributes[sc.TASK_ID]

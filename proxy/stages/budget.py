@@ -87,6 +87,7 @@ class _Reserved:
     charge: Charge  # what was reserved (a finish's own charge past the limit)
     most_output: int = 0  # the most output the call may produce as it would be sent (_Plan.most_output)
     finished: str | None = None
+    guessed: bool = False  # a heuristic task held to its progress limits only (tasks.session_budgets)
 
 
 class BudgetStage(Stage):
@@ -180,9 +181,11 @@ class BudgetStage(Stage):
         task = ex.task
         assert task is not None  # on_request returns early for calls without a task
         notes: list[str] = []
+        guessed = False
         if limits is None:
             limits, notes = self._limits(sel.profile, plan.baggage, task.id, plan.now)
             if task.source in HEURISTIC_SOURCES and self.settings.tasks.session_budgets == "progress":
+                guessed = True
                 # a guessed task may hold many users: only a stalled search stops it (README, Budgets)
                 limits = {d: v for d, v in limits.items() if d in bm.PROGRESS_DIMENSIONS}
                 notes = [*notes, (f"task source {task.source!r} is a guess: count and cost limits not enforced "
@@ -190,7 +193,7 @@ class BudgetStage(Stage):
         charge = charge or plan.charge
         meta = TaskMeta(sel.profile, sel.cls, ex.route.upstream.name, task.source, f"{task.trace_id:032x}")
         decision = await self.store.reserve(task.id, meta, limits, charge, plan.now, self._shadow(sel.profile))
-        return _Reserved(sel, limits, notes, decision, charge, plan.most_output)
+        return _Reserved(sel, limits, notes, decision, charge, plan.most_output, guessed=guessed)
 
     async def _escalate(self, ex: Exchange, refused: _Reserved) -> Selection | None:
         """The task's selection after it climbed to its profile's `escalate_to`, or None."""
@@ -277,6 +280,8 @@ class BudgetStage(Stage):
             ex.outcome = "rejected"
             return Reply(200, empty, [(EXHAUSTED_HEADER, (d.dimension or "").encode())])
         ex.budget_record = record  # written when the call span has a moment (budget_span.py)
+        if r.guessed:
+            self._guessed_verdict(ex, r.sel.profile, plan, d)
         if not shadow and d.reservation.completion_tokens < r.most_output:
             self._cap_output(ex, r.charge, d.reservation.completion_tokens)
         if adm.deadline_ms is not None:
@@ -288,6 +293,22 @@ class BudgetStage(Stage):
         if ex.call.stream:
             ex.stream_state = StreamState(self._hold(ex, adm, d.ledger, plan.quote))
         return None
+
+    def _guessed_verdict(self, ex: Exchange, profile: str, plan: _Plan, d: Decision) -> None:
+        """A guessed task's shadow verdict: the count or cost limit its profile would have refused
+        it by (`x-ragtoll-budget-would-reject`, a span event), had the task been named."""
+        full, _ = self._limits(profile, plan.baggage, ex.task.id, plan.now)  # type: ignore[union-attr]
+        for dim, limit in full.items():
+            if dim in bm.PROGRESS_DIMENSIONS or dim in ("max_prompt_tokens", "max_latency_ms"):
+                continue
+            used = bm.used_value(dim, d.ledger, None, plan.now)
+            value = bm.usd(limit) if dim == "max_cost_usd" else limit
+            if used > value:
+                ex.response_headers.append((WOULD_REJECT_HEADER, dim.encode()))
+                if ex.span is not None:
+                    ex.span.add_event(sc.EVENT_EXCEEDED, {"dimension": dim, "limit": value, "used": used,
+                                                          "mode": "shadow", "would_reject": True})
+                return
 
     def _cap_output(self, ex: Exchange, charge: Charge, granted: int) -> None:
         """Worst-case admission: the task had less left than the call may produce as sent, so its

@@ -4,7 +4,9 @@ must see exactly one request (no retry), the upstream none, and the framework mu
 that names the budget.
 
 Each framework runs in a process of its own (support/framework_calls.py): the async ones own
-their event loop there. The measurement behind the 402 default is kept too: llama-index retries
+their event loop there. llama-index's OpenAI LLM declares `openai<3` (it runs on openai 3), so it is
+not in the test extra, which would pull the SDK down: the session installs its pinned release
+without dependencies into a directory of its own, on that process's path only. The measurement behind the 402 default is kept too: llama-index retries
 a 429 whatever `x-should-retry` says.
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -37,6 +40,18 @@ FRAMEWORKS = [
 # (TypeError: Cannot instantiate typing.Union, in its messages_to_anthropic_messages); litellm and
 # haystack-ai are not installed with the test extra
 REFUSE = {"default_profile": "p", "profiles": {"p": {"max_steps": 0}}}
+LLAMA_INDEX_OPENAI = "llama-index-llms-openai==0.8.3"
+
+
+@pytest.fixture(scope="session")
+def framework_path(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A directory with llama-index's OpenAI LLM (its dependencies are the test extra's)."""
+    target = tmp_path_factory.mktemp("llama-index-openai")
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
+                           "--target", str(target), LLAMA_INDEX_OPENAI], capture_output=True, text=True,
+                          timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    yield str(target)
 
 
 def routes(url: str, **extra: Any) -> list[dict[str, Any]]:
@@ -46,8 +61,9 @@ def routes(url: str, **extra: Any) -> list[dict[str, Any]]:
     ]
 
 
-def call(framework: str, base: str) -> dict[str, Any]:
+def call(framework: str, base: str, path: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "ANTHROPIC_", "OTEL_"))}
+    env["PYTHONPATH"] = os.pathsep.join([path, *filter(None, [os.environ.get("PYTHONPATH")])])
     done = subprocess.run(
         [sys.executable, HARNESS, framework, base], capture_output=True, timeout=180, env=env, check=False
     )
@@ -61,10 +77,10 @@ def requests_seen(telemetry: Telemetry) -> int:
 
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_refusal_is_one_request_and_a_clear_error(
-    framework: str, proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry
+    framework: str, proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry, framework_path: str
 ) -> None:
     with proxy(upstreams=routes(upstream.url), budgets=REFUSE) as base:
-        out = call(framework, base)
+        out = call(framework, base, framework_path)
     assert requests_seen(telemetry) == 1, out  # no retry, by the SDK or the framework around it
     assert sum(upstream.app.state.calls.values()) == 0
     assert "error_type" in out, out
@@ -76,12 +92,12 @@ def test_a_refusal_is_one_request_and_a_clear_error(
 
 
 def test_why_llm_routes_refuse_with_402_not_429(
-    proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry
+    proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry, framework_path: str
 ) -> None:
     """The measurement behind the default: llama-index wraps the openai SDK and retries its
     RateLimitError (429) whatever x-should-retry says; an operator who asks for 429 gets that."""
     with proxy(upstreams=routes(upstream.url, reject_status=429), budgets=REFUSE) as base:
-        out = call("llama-index-openai", base)
+        out = call("llama-index-openai", base, framework_path)
     assert "budget exhausted: max_steps" in out["message"]
     assert requests_seen(telemetry) > 1
     assert sum(upstream.app.state.calls.values()) == 0

@@ -72,17 +72,17 @@ class ContextStage(Stage):
     async def on_request(self, ex: Exchange) -> None:
         api = ex.route.upstream.api
         if ex.call.operation not in _LLM or not ex.body or api not in ("openai", "anthropic"):
-            return None
+            return
         name = ex.route.upstream.name
         policy = self.policies[name]
         key_mode = self.keys[name] if api == "openai" else "off"
         marks = api == "anthropic" and bool(policy.breakpoints)
         if key_mode == "off" and not marks and not policy.evidence_once:
-            return None
+            return
         started = time.perf_counter()
         rewrite = self.rewrite(ex, api, key_mode, marks, policy)
         if rewrite is None:
-            return None
+            return
         if rewrite.chunks_referenced:  # what the budget charges and the landfill counts: the prompt as sent
             ex.call = ex.route.adapter.parse_request(ex.method, ex.target.split("?", 1)[0], ex.headers, ex.body)
         tally = self._task(ex.task.id) if ex.task is not None else None
@@ -102,7 +102,7 @@ class ContextStage(Stage):
                 attrs[sc.CONTEXT_CHUNKS_REFERENCED] = rewrite.chunks_referenced
                 attrs[sc.CONTEXT_CHARS_SAVED] = rewrite.chars_saved
             ex.span.set_attributes(attrs)
-        return None
+        return
 
     def rewrite(self, ex: Exchange, api: str, key_mode: str, marks: bool, policy: ContextRoute) -> context.Rewrite | None:
         """Rewrite `ex.body` in place; the rewrite's account, or None when the body is not a JSON object."""

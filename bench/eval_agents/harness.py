@@ -34,7 +34,7 @@ from ragtoll.proxy.tools.demo.corpus import PRINCIPALS
 from ragtoll.proxy.tools.demo.runner import PRICING
 from ragtoll.proxy.tools.demo.serving import serve
 
-from . import agents, policies
+from . import agents, policies, provider
 from .workload import Gold, Task, load_chunks
 
 CALL_OPERATIONS = ("chat", "retrieval", "rerank")
@@ -45,16 +45,35 @@ class Stack:
     llm: str
     docs: str
     rerank: str
+    # the context eval's stack: the LLM behind a prompt cache (its per-task ledger), agents with a
+    # fixed preamble, chunks of realistic size (provider.py); None: the plain stack
+    ledger: provider.Ledger | None = None
+    preamble: str = ""
 
 
 @contextlib.contextmanager
-def stack_up() -> Iterator[Stack]:
+def stack_up(prompt_cache: provider.OpenAIPromptCache | None = None, chunk_tokens: int = 0) -> Iterator[Stack]:
+    """The stack; with `prompt_cache`, the context eval's (the LLM behind that cache, agents with
+    provider.PREAMBLE, retrieved chunks padded to `chunk_tokens`)."""
+    ledger = provider.Ledger() if prompt_cache is not None else None
+    llm_app: Any = services.llm_app(policies.decide)
+    docs_app: Any = services.retrieval_app(load_chunks())
+    if prompt_cache is not None and ledger is not None:
+        llm_app = provider.openai_provider(llm_app, prompt_cache, ledger, agents_preamble_tokens())
+        if chunk_tokens:
+            docs_app = provider.padded_retrieval(docs_app, chunk_tokens)
     with (
-        serve(services.llm_app(policies.decide)) as llm,
-        serve(services.retrieval_app(load_chunks())) as docs,
+        serve(llm_app) as llm,
+        serve(docs_app) as docs,
         serve(services.rerank_app()) as rr,
     ):
-        yield Stack(llm, docs, rr)
+        yield Stack(llm, docs, rr, ledger, provider.PREAMBLE if prompt_cache is not None else "")
+
+
+def agents_preamble_tokens() -> int:
+    from ragtoll.proxy.core import tokens
+
+    return tokens.count(provider.PREAMBLE)
 
 
 def routes(stack: Stack) -> list[dict[str, Any]]:
@@ -92,6 +111,7 @@ def settings_for(
             if isinstance(profile, dict):
                 profile.pop("mode", None)
         doc["cache"] = {**doc.get("cache", {}), "enabled": False}
+        doc.setdefault("context", {"enabled": False})  # the baseline rewrites nothing either
     return config.parse(doc)
 
 
@@ -177,9 +197,10 @@ def run_workload(
                     "baggage": f"ragtoll.task.id={task_id}",
                     "x-auth-subject": task.principal,
                     "x-auth-groups": ",".join(PRINCIPALS[task.principal]),
+                    "x-eval-task": task_id,  # ragtoll never forwards baggage to an untrusted upstream
                 }
                 tools = agents.LoggedTools(http, base, headers)
-                result = agents.run(task.style, llm, tools, task.question)
+                result = agents.run(task.style, llm, tools, task.question, stack.preamble)
                 correct = demo_scoring.judge(result.answer, gold[task.id].answer)
                 resp = http.post(f"{base}/admin/tasks/{task_id}/end", json={"correct": correct},
                                  headers={"authorization": f"Bearer {token}"})

@@ -646,8 +646,15 @@ class ContextRoute:
     breakpoints: bool | None = None
     evidence_once: bool | None = None
     min_chunk_chars: int | None = None
+    depth: bool | None = None
+    depth_gap: float | None = None
+    depth_floor: float | None = None
 
     def validate(self, where: str) -> None:
+        for key in ("depth_gap", "depth_floor"):
+            value = getattr(self, key)
+            if value is not None and (not _finite(value) or not 0 <= value <= 1):
+                _bad(f"{where}.{key}", value, "a share of the top score in [0, 1] (0 turns this cut off)")
         if self.min_chunk_chars is not None and self.min_chunk_chars < MIN_CHUNK_CHARS:
             _bad(f"{where}.min_chunk_chars", self.min_chunk_chars,
                  f"at least {MIN_CHUNK_CHARS} characters (a shorter text is too common to stand for a chunk)")
@@ -672,6 +679,11 @@ class ContextConfig:
     breakpoints: bool = True
     evidence_once: bool = True
     min_chunk_chars: int = 200  # a tool-result text shorter than this is never replaced
+    # adaptive depth (retrieval routes): results past the largest score drop (`depth_gap`, a share
+    # of the top score) or under `depth_floor` x the top score are not passed on
+    depth: bool = False
+    depth_gap: float = 0.3
+    depth_floor: float = 0.0
     routes: Mapping[str, ContextRoute] = EMPTY
 
     def __post_init__(self) -> None:
@@ -681,6 +693,7 @@ class ContextConfig:
         if self.min_chunk_chars < MIN_CHUNK_CHARS:
             _bad(f"{where}.min_chunk_chars", self.min_chunk_chars,
                  f"at least {MIN_CHUNK_CHARS} characters (default 200)")
+        ContextRoute(depth_gap=self.depth_gap, depth_floor=self.depth_floor).validate(where)
         for name, route in self.routes.items():
             route.validate(f"{where}.routes.{name}")
 
@@ -692,6 +705,9 @@ class ContextConfig:
             breakpoints=self.breakpoints if over.breakpoints is None else over.breakpoints,
             evidence_once=self.evidence_once if over.evidence_once is None else over.evidence_once,
             min_chunk_chars=over.min_chunk_chars or self.min_chunk_chars,
+            depth=self.depth if over.depth is None else over.depth,
+            depth_gap=self.depth_gap if over.depth_gap is None else over.depth_gap,
+            depth_floor=self.depth_floor if over.depth_floor is None else over.depth_floor,
         )
 
 

@@ -9,8 +9,10 @@ Runs, each on a fresh provider cache (so no run inherits another's cached prefix
   budgets        the embedded budget defaults alone (context off)
   cache_key      prompt_cache_key alone (budgets in shadow), in the mode chosen on half A
   evidence_once  evidence sent once alone (budgets in shadow)
-  all            the embedded defaults, with the route's prompt_cache_key in the chosen mode
-The key mode (`task` or `system`) is chosen on half A of the tasks (every other task of each
+  depth          adaptive depth alone (budgets in shadow), with the cut chosen on half A
+  defaults       ragtoll's embedded defaults as they are (no context config)
+  all            the embedded defaults, with the route's prompt_cache_key and depth as chosen
+The key mode (`task` or `system`) and the depth cut are chosen on half A of the tasks (every other task of each
 style) by input cost at no lost answer, and reported on half B as well as on all tasks. Input
 cost is the provider's billing: uncached prompt tokens at the input price, cached ones at the
 model's cached price (gpt-4.1 headline: $2.00 / $0.50 per million; gpt-4o and gpt-5 beside it).
@@ -35,6 +37,7 @@ from .workload import STYLES, Gold, Task, load_gold, load_tasks
 PRICES = {"gpt-4.1": (2.00, 0.50), "gpt-4o": (2.50, 1.25), "gpt-5": (1.25, 0.125)}  # $/Mtok: input, cached
 HEADLINE = "gpt-4.1"
 TARGET_RATIO = 0.6
+DEPTH_CANDIDATES = ((0.25, 0.0), (0.5, 0.0), (0.0, 0.5))  # (depth_gap, depth_floor)
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "context_eval.json")
 
 
@@ -103,8 +106,8 @@ def compare(base: Mapping[str, Any], arm: Mapping[str, Any], ids: Sequence[str],
 
 def table(title: str, c: Mapping[str, Any]) -> str:
     lines = [f"== {title}",
-             f"{'style':<13} {'tasks':>5} {'correct':>9} {'lost':>4} {'input $/task: none -> ragtoll':>31} "
-             f"{'ratio':>6} {'floor':>6} {'cached share':>14} {'prompt tok/task':>17}"]
+             (f"{'style':<13} {'tasks':>5} {'correct':>9} {'lost':>4} {'input $/task: none -> ragtoll':>31} "
+             f"{'ratio':>6} {'floor':>6} {'cached share':>14} {'prompt tok/task':>17}")]
     for style, s in c.items():
         b, a = s["input_cost_per_task"]
         cs = s["cached_share"]
@@ -154,11 +157,29 @@ def main(argv: list[str] | None = None) -> int:
         out["key_mode"] = {"chosen_on_half_a": chosen, "half_a": selection}
         picked = ", ".join(f"{m}: {v['ratio']:.3f}x, {v['lost']} lost" for m, v in selection.items())
         w(f"prompt_cache_key mode chosen on half A: {chosen} ({picked})\n\n")
+        # adaptive depth's cut, chosen on half A the same way (docs route: the eval's retrieval)
+        depth_pick: dict[str, Any] | None = None
+        best = None
+        depth_sel: dict[str, Any] = {}
+        for gap, floor_share in DEPTH_CANDIDATES:
+            cfg = {"prompt_cache_key": "off", "evidence_once": False, "depth": True, "depth_gap": gap,
+                   "depth_floor": floor_share}
+            arm = run(half_a, gold, f"select-depth-{gap}-{floor_share}", {"context": cfg}, True, tmp)
+            c = compare(base, arm, ids_a)["overall"]
+            depth_sel[f"gap={gap},floor={floor_share}"] = {"ratio": c["ratio"], "lost": c["lost"]}
+            if c["lost"] == 0 and (best is None or c["ratio"] < best):
+                depth_pick, best = {"depth": True, "depth_gap": gap, "depth_floor": floor_share}, c["ratio"]
+        out["depth"] = {"chosen_on_half_a": depth_pick, "half_a": depth_sel}
+        picked = ", ".join(f"{k}: {v['ratio']:.3f}x, {v['lost']} lost" for k, v in depth_sel.items())
+        w(f"adaptive depth chosen on half A: {depth_pick} ({picked})\n\n")
+        depth_cfg = depth_pick or {"depth": False}
         arms = {
             "budgets": ({"context": {"enabled": False}}, False),
             "cache_key": ({"context": {"evidence_once": False, **key_route(chosen)}}, True),
             "evidence_once": ({"context": {"prompt_cache_key": "off"}}, True),
-            "all": ({"context": key_route(chosen)}, False),
+            "depth": ({"context": {"prompt_cache_key": "off", "evidence_once": False, **depth_cfg}}, True),
+            "defaults": ({}, False),
+            "all": ({"context": {**key_route(chosen), **depth_cfg}}, False),
         }
         out["runs"] = {}
         for label, (raw, shadow) in arms.items():

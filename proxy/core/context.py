@@ -16,6 +16,7 @@ went the first time: the provider's prefix cache keeps matching. No I/O, no stat
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -276,3 +277,31 @@ def anthropic_evidence_once(doc: dict[str, Any], rewrite: Rewrite, min_chars: in
                         new = dedupe_result(part["text"], where, seen, rewrite, min_chars)
                         if new is not part["text"]:
                             inner[k] = {**part, "text": new}
+
+
+# --- adaptive depth ------------------------------------------------------------------------------
+
+
+def depth(scores: list[float | None], *, gap: float, floor: float, min_keep: int = 1) -> tuple[int, str]:
+    """How many of a retrieval's ranked results to pass on, and why: `floor` cuts the results
+    scoring under that share of the top score; `gap` cuts after the largest drop between adjacent
+    scores when it is at least that share of the top score ('' when nothing is cut). Results
+    without scores, or scores that do not fall with rank (distances), are never cut."""
+    n = len(scores)
+    if n <= min_keep or any(s is None for s in scores):
+        return n, ""
+    vals = [float(s) for s in scores if s is not None]
+    top = vals[0]
+    if top <= 0 or any(b > a for a, b in itertools.pairwise(vals)):
+        return n, ""
+    keep, reason = n, ""
+    if floor > 0:
+        below = next((i for i, s in enumerate(vals) if s < floor * top), n)
+        if max(below, min_keep) < keep:
+            keep, reason = max(below, min_keep), "floor"
+    if gap > 0 and keep > 1:
+        drops = [(vals[i] - vals[i + 1]) / top for i in range(keep - 1)]
+        i = max(range(len(drops)), key=drops.__getitem__)
+        if drops[i] >= gap and max(i + 1, min_keep) < keep:
+            keep, reason = max(i + 1, min_keep), "gap"
+    return keep, reason

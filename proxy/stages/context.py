@@ -28,6 +28,7 @@ from ..core import context
 from ..request.exchange import Exchange, Stage, contract
 
 MAX_TASKS = 10_000
+DEPTH_HEADER = b"x-ragtoll-depth"
 _LLM = frozenset({"chat", "text_completion"})
 
 
@@ -43,6 +44,7 @@ class Tally:
     breakpoints_added: int = 0
     chunks_referenced: int = 0
     evidence_chars_saved: int = 0
+    results_trimmed: int = 0  # retrieval results adaptive depth did not pass on
 
     def record(self) -> dict[str, Any]:
         share = round(self.cached_input_tokens / self.input_tokens, 4) if self.input_tokens else None
@@ -50,7 +52,7 @@ class Tally:
                 "cached_input_tokens": self.cached_input_tokens, "cache_write_tokens": self.cache_write_tokens,
                 "cached_input_share": share, "cache_keys_set": self.cache_keys_set,
                 "breakpoints_added": self.breakpoints_added, "chunks_referenced": self.chunks_referenced,
-                "evidence_chars_saved": self.evidence_chars_saved}
+                "evidence_chars_saved": self.evidence_chars_saved, "results_trimmed": self.results_trimmed}
 
 
 def _policy_key(settings: Settings, policy: ContextRoute, url: str) -> str:
@@ -62,6 +64,11 @@ def _policy_key(settings: Settings, policy: ContextRoute, url: str) -> str:
 
 class ContextStage(Stage):
     contract = contract(reads="route method target headers call body task caller span", writes="body call",
+                        # adaptive depth also narrows `observation.chunks` to the results passed on, for
+                        # the stages after it (budget, evidence); the cache before it files the whole
+                        # answer on purpose (a cache hit is passed on whole: no trimming on hits)
+                        response_reads="route call observation response_body task span",
+                        response_writes="response_body response_headers",
                         end_reads="task status call observation span")
 
     def __init__(self, settings: Settings) -> None:
@@ -130,6 +137,31 @@ class ContextStage(Stage):
         if rewrite.changed:
             ex.body = orjson.dumps(doc)
         return rewrite
+
+    async def on_response(self, ex: Exchange) -> None:
+        """Adaptive depth: a retrieval answer read whole loses the results past its largest score
+        drop or under the floor; `x-ragtoll-depth` and the span say what was cut."""
+        chunks = ex.observation.chunks
+        policy = self.policies.get(ex.route.upstream.name)
+        trim = getattr(ex.route.adapter, "keep_results", None)
+        if (policy is None or not policy.depth or ex.call.operation != "retrieval" or not chunks
+                or ex.response_body is None or trim is None):
+            return
+        keep, reason = context.depth([c.score for c in chunks], gap=policy.depth_gap or 0.0,
+                                     floor=policy.depth_floor or 0.0)
+        if keep >= len(chunks):
+            return
+        body = trim(ex.response_body, keep)
+        if body is None:
+            return
+        ex.response_body = body
+        ex.observation.chunks = chunks[:keep]
+        ex.response_headers.append((DEPTH_HEADER, f"kept={keep}, returned={len(chunks)}, reason={reason}".encode()))
+        if ex.task is not None:
+            self._task(ex.task.id).results_trimmed += len(chunks) - keep
+        if ex.span is not None:
+            ex.span.set_attributes({sc.CONTEXT_DEPTH_KEPT: keep, sc.CONTEXT_DEPTH_RETURNED: len(chunks),
+                                    sc.CONTEXT_DEPTH_REASON: reason})
 
     async def on_end(self, ex: Exchange) -> None:
         if ex.task is None or ex.status != 200 or ex.call.operation not in _LLM:

@@ -34,7 +34,10 @@ import orjson
 from . import harness, provider
 from .workload import STYLES, Gold, Task, load_gold, load_tasks
 
-PRICES = {"gpt-4.1": (2.00, 0.50), "gpt-4o": (2.50, 1.25), "gpt-5": (1.25, 0.125)}  # $/Mtok: input, cached
+# $/Mtok: input, cached read, cache write (OpenAI bills no writes; Claude's 5-minute cache: 1.25x)
+OPENAI_PRICES = {"gpt-4.1": (2.00, 0.50, 2.00), "gpt-4o": (2.50, 1.25, 2.50), "gpt-5": (1.25, 0.125, 1.25)}
+ANTHROPIC_PRICES = {"claude-sonnet-4-5": (3.00, 0.30, 3.75), "claude-haiku-4-5": (1.00, 0.10, 1.25)}
+PRICES = dict(OPENAI_PRICES)
 HEADLINE = "gpt-4.1"
 TARGET_RATIO = 0.6
 DEPTH_CANDIDATES = ((0.25, 0.0), (0.5, 0.0), (0.0, 0.5))  # (depth_gap, depth_floor)
@@ -48,7 +51,7 @@ def key_route(mode: str) -> dict[str, Any]:
 def run(stack_tasks: Sequence[Task], gold: Mapping[str, Gold], label: str, raw: dict[str, Any], shadow: bool,
         workdir: str) -> dict[str, Any]:
     """One run on a fresh provider cache: per task, correct, LLM calls and the provider's billing."""
-    cache = provider.OpenAIPromptCache()
+    cache: Any = provider.AnthropicPromptCache() if HEADLINE in ANTHROPIC_PRICES else provider.OpenAIPromptCache()
     with harness.stack_up(cache, chunk_tokens=300) as stack:
         runs, _records = harness.run_workload(stack, label, list(stack_tasks), gold, raw, shadow=shadow,
                                               workdir=workdir)
@@ -61,6 +64,7 @@ def run(stack_tasks: Sequence[Task], gold: Mapping[str, Gold], label: str, raw: 
         out[r.task.id] = {
             "style": r.task.style, "correct": r.correct, "calls": ledger.calls[r.task_id],
             "uncached": ledger.uncached[r.task_id], "cached": ledger.cached[r.task_id],
+            "written": ledger.written[r.task_id],
             "preamble": preamble * ledger.calls[r.task_id],
             "chunks_referenced": ctx.get("chunks_referenced", 0),
             "evidence_chars_saved": ctx.get("evidence_chars_saved", 0),
@@ -68,16 +72,17 @@ def run(stack_tasks: Sequence[Task], gold: Mapping[str, Gold], label: str, raw: 
     return out
 
 
-def cost(row: Mapping[str, Any], model: str = HEADLINE) -> float:
-    inp, cached = PRICES[model]
-    return (row["uncached"] * inp + row["cached"] * cached) / 1e6
+def cost(row: Mapping[str, Any], model: str | None = None) -> float:
+    inp, cached, write = PRICES[model or HEADLINE]
+    return (row["uncached"] * inp + row["cached"] * cached + row["written"] * write) / 1e6
 
 
-def floor(row: Mapping[str, Any], model: str = HEADLINE) -> float:
-    return row["preamble"] * PRICES[model][1] / 1e6
+def floor(row: Mapping[str, Any], model: str | None = None) -> float:
+    return row["preamble"] * PRICES[model or HEADLINE][1] / 1e6
 
 
-def compare(base: Mapping[str, Any], arm: Mapping[str, Any], ids: Sequence[str], model: str = HEADLINE) -> dict[str, Any]:
+def compare(base: Mapping[str, Any], arm: Mapping[str, Any], ids: Sequence[str],
+            model: str | None = None) -> dict[str, Any]:
     """Per style and overall: tasks, correct (baseline -> arm), lost, input cost per task and the ratio."""
     out: dict[str, Any] = {}
     styles = list(dict.fromkeys(base[i]["style"] for i in ids))
@@ -87,8 +92,8 @@ def compare(base: Mapping[str, Any], arm: Mapping[str, Any], ids: Sequence[str],
             continue
         b = sum(cost(base[i], model) for i in sel)
         a = sum(cost(arm[i], model) for i in sel)
-        prompt = sum(arm[i]["uncached"] + arm[i]["cached"] for i in sel)
-        base_prompt = sum(base[i]["uncached"] + base[i]["cached"] for i in sel)
+        prompt = sum(arm[i]["uncached"] + arm[i]["cached"] + arm[i]["written"] for i in sel)
+        base_prompt = sum(base[i]["uncached"] + base[i]["cached"] + base[i]["written"] for i in sel)
         out[style] = {
             "tasks": len(sel),
             "correct": [sum(base[i]["correct"] for i in sel), sum(arm[i]["correct"] for i in sel)],
@@ -128,8 +133,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.eval_agents.context_eval", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="the first 3 tasks of each style")
     ap.add_argument("--styles", default=",".join(STYLES))
-    ap.add_argument("--out", default=DEFAULT_OUT)
+    ap.add_argument("--out", default=None, help="JSON results (default bench/results/context_eval_<provider>.json)")
+    ap.add_argument("--provider", choices=("openai", "anthropic"), default="openai")
     args = ap.parse_args(argv)
+    global PRICES, HEADLINE
+    if args.provider == "anthropic":
+        PRICES, HEADLINE = dict(ANTHROPIC_PRICES), "claude-sonnet-4-5"
+    args.out = args.out or DEFAULT_OUT.replace(".json", f"_{args.provider}.json")
     styles = tuple(s for s in args.styles.split(",") if s)
     tasks, gold = load_tasks(args.quick, styles), load_gold()
     half_a = [t for s in styles for t in [x for x in tasks if x.style == s][0::2]]
@@ -139,31 +149,35 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     out: dict[str, Any] = {"tasks": len(tasks), "half_a": ids_a, "half_b": ids_b, "prices": PRICES,
                            "preamble_tokens": harness.agents_preamble_tokens(), "chunk_tokens": 300}
+    cache_kind = (f"OpenAI-style prefix cache ({provider.MACHINES} machines, spill past {provider.SPILL_PER_MIN}/min, "
+                  f"fleet {provider.RATE_PER_MIN} calls/min)" if args.provider == "openai" else
+                  "Claude-style explicit breakpoints (20-block lookback, writes 1.25x, reads 0.1x)")
+    out["provider"] = args.provider
     w(f"context_eval: {len(tasks)} tasks; preamble {out['preamble_tokens']} tokens; chunks ~300 tokens; "
-      f"provider: OpenAI-style prefix cache ({provider.MACHINES} machines, spill past "
-      f"{provider.SPILL_PER_MIN}/min, fleet {provider.RATE_PER_MIN} calls/min)\n\n")
+      f"provider: {cache_kind}; prices {HEADLINE} {PRICES[HEADLINE]} $/Mtok (input, cached, write)\n\n")
     with tempfile.TemporaryDirectory(prefix="ragtoll-ctx-") as tmp:
         base = run(tasks, gold, "baseline", {}, True, tmp)
         # the prompt_cache_key mode, chosen on half A (cost at no lost answer)
         chosen, best = "system", None
         selection: dict[str, Any] = {}
-        for mode in ("task", "system"):
+        for mode in ("task", "system") if args.provider == "openai" else ():
             arm = run(half_a, gold, f"select-{mode}", {"context": {"evidence_once": False, **key_route(mode)}},
                       True, tmp)
             c = compare(base, arm, ids_a)["overall"]
             selection[mode] = {"ratio": c["ratio"], "lost": c["lost"]}
             if c["lost"] == 0 and (best is None or c["ratio"] < best):
                 chosen, best = mode, c["ratio"]
-        out["key_mode"] = {"chosen_on_half_a": chosen, "half_a": selection}
-        picked = ", ".join(f"{m}: {v['ratio']:.3f}x, {v['lost']} lost" for m, v in selection.items())
-        w(f"prompt_cache_key mode chosen on half A: {chosen} ({picked})\n\n")
+        if selection:
+            out["key_mode"] = {"chosen_on_half_a": chosen, "half_a": selection}
+            picked = ", ".join(f"{m}: {v['ratio']:.3f}x, {v['lost']} lost" for m, v in selection.items())
+            w(f"prompt_cache_key mode chosen on half A: {chosen} ({picked})\n\n")
+        alone = {"breakpoints": False, "prompt_cache_key": "off"}  # no cache assist: a piece measured alone
         # adaptive depth's cut, chosen on half A the same way (docs route: the eval's retrieval)
         depth_pick: dict[str, Any] | None = None
         best = None
         depth_sel: dict[str, Any] = {}
         for gap, floor_share in DEPTH_CANDIDATES:
-            cfg = {"prompt_cache_key": "off", "evidence_once": False, "depth": True, "depth_gap": gap,
-                   "depth_floor": floor_share}
+            cfg = {**alone, "evidence_once": False, "depth": True, "depth_gap": gap, "depth_floor": floor_share}
             arm = run(half_a, gold, f"select-depth-{gap}-{floor_share}", {"context": cfg}, True, tmp)
             c = compare(base, arm, ids_a)["overall"]
             depth_sel[f"gap={gap},floor={floor_share}"] = {"ratio": c["ratio"], "lost": c["lost"]}
@@ -173,13 +187,15 @@ def main(argv: list[str] | None = None) -> int:
         picked = ", ".join(f"{k}: {v['ratio']:.3f}x, {v['lost']} lost" for k, v in depth_sel.items())
         w(f"adaptive depth chosen on half A: {depth_pick} ({picked})\n\n")
         depth_cfg = depth_pick or {"depth": False}
+        assist = ({"cache_key": ({"context": {"evidence_once": False, **key_route(chosen)}}, True)}
+                  if args.provider == "openai" else {"breakpoints": ({"context": {"evidence_once": False}}, True)})
         arms = {
             "budgets": ({"context": {"enabled": False}}, False),
-            "cache_key": ({"context": {"evidence_once": False, **key_route(chosen)}}, True),
-            "evidence_once": ({"context": {"prompt_cache_key": "off"}}, True),
-            "depth": ({"context": {"prompt_cache_key": "off", "evidence_once": False, **depth_cfg}}, True),
+            **assist,
+            "evidence_once": ({"context": alone}, True),
+            "depth": ({"context": {**alone, "evidence_once": False, **depth_cfg}}, True),
             "defaults": ({}, False),
-            "all": ({"context": {**key_route(chosen), **depth_cfg}}, False),
+            "all": ({"context": {**(key_route(chosen) if args.provider == "openai" else {}), **depth_cfg}}, False),
         }
         out["runs"] = {}
         for label, (raw, shadow) in arms.items():

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 from opentelemetry.sdk.trace import TracerProvider
@@ -34,7 +35,7 @@ from ragtoll.proxy.tools.demo.corpus import PRINCIPALS
 from ragtoll.proxy.tools.demo.runner import PRICING
 from ragtoll.proxy.tools.demo.serving import serve
 
-from . import agents, policies, provider
+from . import agents, anthropic_side, policies, provider
 from .workload import Gold, Task, load_chunks
 
 CALL_OPERATIONS = ("chat", "retrieval", "rerank")
@@ -49,25 +50,31 @@ class Stack:
     # fixed preamble, chunks of realistic size (provider.py); None: the plain stack
     ledger: provider.Ledger | None = None
     preamble: str = ""
+    api: str = "openai"  # the LLM's API: openai, or anthropic (anthropic_side.py)
 
 
 @contextlib.contextmanager
-def stack_up(prompt_cache: provider.OpenAIPromptCache | None = None, chunk_tokens: int = 0) -> Iterator[Stack]:
-    """The stack; with `prompt_cache`, the context eval's (the LLM behind that cache, agents with
-    provider.PREAMBLE, retrieved chunks padded to `chunk_tokens`)."""
+def stack_up(prompt_cache: provider.OpenAIPromptCache | provider.AnthropicPromptCache | None = None,
+             chunk_tokens: int = 0) -> Iterator[Stack]:
+    """The stack; with `prompt_cache`, the context eval's (the LLM behind that cache, OpenAI's or
+    Claude's API by the cache's kind, agents with provider.PREAMBLE, retrieved chunks padded to
+    `chunk_tokens`)."""
     ledger = provider.Ledger() if prompt_cache is not None else None
     llm_app: Any = services.llm_app(policies.decide)
     docs_app: Any = services.retrieval_app(load_chunks())
-    if prompt_cache is not None and ledger is not None:
+    api = "anthropic" if isinstance(prompt_cache, provider.AnthropicPromptCache) else "openai"
+    if isinstance(prompt_cache, provider.AnthropicPromptCache) and ledger is not None:
+        llm_app = anthropic_side.llm_app(prompt_cache, ledger, agents_preamble_tokens())
+    elif prompt_cache is not None and ledger is not None:
         llm_app = provider.openai_provider(llm_app, prompt_cache, ledger, agents_preamble_tokens())
-        if chunk_tokens:
-            docs_app = provider.padded_retrieval(docs_app, chunk_tokens)
+    if prompt_cache is not None and chunk_tokens:
+        docs_app = provider.padded_retrieval(docs_app, chunk_tokens)
     with (
         serve(llm_app) as llm,
         serve(docs_app) as docs,
         serve(services.rerank_app()) as rr,
     ):
-        yield Stack(llm, docs, rr, ledger, provider.PREAMBLE if prompt_cache is not None else "")
+        yield Stack(llm, docs, rr, ledger, provider.PREAMBLE if prompt_cache is not None else "", api)
 
 
 def agents_preamble_tokens() -> int:
@@ -79,7 +86,7 @@ def agents_preamble_tokens() -> int:
 def routes(stack: Stack) -> list[dict[str, Any]]:
     """The demo's three routes (README, "The config the demo builds")."""
     return [
-        {"name": "llm", "kind": "llm", "api": "openai", "url": stack.llm, "prefix": "/llm"},
+        {"name": "llm", "kind": "llm", "api": stack.api, "url": stack.llm, "prefix": "/llm"},
         {
             "name": "docs", "kind": "retrieval", "api": "json", "url": stack.docs, "prefix": "/docs",
             "fields": {"query": "query", "top_k": "top_k", "results": "results", "id": "id", "text": "text",
@@ -200,7 +207,12 @@ def run_workload(
                     "x-eval-task": task_id,  # ragtoll never forwards baggage to an untrusted upstream
                 }
                 tools = agents.LoggedTools(http, base, headers)
-                result = agents.run(task.style, llm, tools, task.question, stack.preamble)
+                if stack.api == "anthropic":
+                    with anthropic.Anthropic(base_url=f"{base}/llm", api_key="sk-ant-eval-not-a-real-key",
+                                             timeout=60, max_retries=2) as claude:
+                        result = anthropic_side.run(task.style, claude, tools, task.question, stack.preamble)
+                else:
+                    result = agents.run(task.style, llm, tools, task.question, stack.preamble)
                 correct = demo_scoring.judge(result.answer, gold[task.id].answer)
                 resp = http.post(f"{base}/admin/tasks/{task_id}/end", json={"correct": correct},
                                  headers={"authorization": f"Bearer {token}"})

@@ -17,7 +17,6 @@ went the first time: the provider's prefix cache keeps matching. No I/O, no stat
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,21 +189,34 @@ def reference(chunk_id: str | None, where: str) -> str:
         f"[same text as a chunk in {where}; not repeated]"
 
 
-def _chunks(node: Any, min_chars: int) -> Iterator[tuple[dict[str, Any], str, str | None]]:
-    """(holder, text key, id) of every chunk-like object in a parsed tool result: a dict with a
-    text field of at least `min_chars` characters; its id from the usual id keys."""
-    if isinstance(node, list):
-        for item in node:
-            yield from _chunks(item, min_chars)
-    elif isinstance(node, dict):
-        key = next((k for k in TEXT_KEYS if isinstance(node.get(k), str) and len(node[k]) >= min_chars), None)
-        if key is not None:
-            cid = next((node[k] for k in ID_KEYS if isinstance(node.get(k), (str, int)) and not isinstance(node.get(k), bool)), None)
-            yield node, key, None if cid is None else str(cid)
-            return
-        for value in node.values():
-            if isinstance(value, (dict, list)):
-                yield from _chunks(value, min_chars)
+def _chunks(root: Any, min_chars: int) -> list[tuple[dict[str, Any], str, str | None]]:
+    """(holder, text key, id) of every chunk-like object in a parsed tool result, in document
+    order: a dict with a text field of at least `min_chars` characters; its id from the usual id
+    keys. (A loop over an explicit stack: this runs on every tool result of every LLM call.)"""
+    out: list[tuple[dict[str, Any], str, str | None]] = []
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(reversed(node))
+        elif isinstance(node, dict):
+            key = None
+            for k in TEXT_KEYS:
+                v = node.get(k)
+                if v.__class__ is str and len(v) >= min_chars:
+                    key = k
+                    break
+            if key is None:
+                stack.extend(reversed([v for v in node.values() if isinstance(v, (dict, list))]))
+                continue
+            cid = None
+            for k in ID_KEYS:
+                v = node.get(k)
+                if v.__class__ is str or v.__class__ is int:
+                    cid = str(v)
+                    break
+            out.append((node, key, cid))
+    return out
 
 
 def dedupe_result(text: str, where: str, seen: dict[str, str], rewrite: Rewrite, min_chars: int) -> str:

@@ -118,3 +118,28 @@ def test_anthropic_route_gets_breakpoints_and_cache_usage_on_the_span(
     span = _span(telemetry, sc.CONTEXT_BREAKPOINTS_ADDED)
     assert span.attributes[sc.CONTEXT_BREAKPOINTS_ADDED] == 2 and span.attributes[sc.CONTEXT_BREAKPOINTS_CLIENT] == 0
     assert span.attributes[sc.CONTEXT_CACHED_SHARE] == pytest.approx(1200 / 1610, abs=1e-4)
+
+
+def test_adaptive_depth_trims_a_retrieval_answer_and_says_so(proxy: ProxyFactory, upstream: Upstream,
+                                                             telemetry: Telemetry) -> None:
+    """The fake search answers with scores 0.9, 0.8, 0.7, ...: a floor at 0.85 of the top keeps 2
+    (0.9 and 0.8 >= 0.765); the client gets a shorter valid answer and x-ragtoll-depth."""
+    ups = [{"name": "docs", "kind": "retrieval", "api": "json", "url": upstream.url, "prefix": "/docs",
+            "fields": {"acl": "metadata.groups", "version_header": "x-index-version"}}]
+    with proxy(upstreams=ups, context={"depth": True, "depth_gap": 0, "depth_floor": 0.85}) as base:
+        r = httpx.post(f"{base}/docs/search", json={"query": "refunds", "top_k": 5},
+                       headers={"x-ragtoll-task-id": "depth-1"})
+        whole = httpx.post(f"{upstream.url}/search", json={"query": "refunds", "top_k": 5})
+    assert r.status_code == 200
+    assert [x["id"] for x in r.json()["results"]] == [x["id"] for x in whole.json()["results"]][:2]
+    assert int(r.headers["content-length"]) == len(r.content)
+    assert r.headers["x-ragtoll-depth"] == "kept=2, returned=5, reason=floor"
+    span = _span(telemetry, sc.CONTEXT_DEPTH_KEPT)
+    assert (span.attributes[sc.CONTEXT_DEPTH_KEPT], span.attributes[sc.CONTEXT_DEPTH_RETURNED]) == (2, 5)
+
+
+def test_depth_is_off_by_default(proxy: ProxyFactory, upstream: Upstream) -> None:
+    ups = [{"name": "docs", "kind": "retrieval", "api": "json", "url": upstream.url, "prefix": "/docs"}]
+    with proxy(upstreams=ups) as base:
+        r = httpx.post(f"{base}/docs/search", json={"query": "refunds", "top_k": 5})
+    assert len(r.json()["results"]) == 5 and "x-ragtoll-depth" not in r.headers

@@ -239,3 +239,30 @@ def test_no_breakpoint_below_the_minimum_cacheable_length() -> None:
     assert context.anthropic_min_tokens("claude-sonnet-4-5") == 1024
     assert context.anthropic_min_tokens("claude-3-5-haiku-20241022") == 2048
     assert context.anthropic_min_tokens("claude-haiku-4-5") == 4096
+
+
+# --- adaptive depth ---------------------------------------------------------------------------------
+
+
+def test_depth_cuts_at_the_largest_drop_or_under_the_floor() -> None:
+    assert context.depth([0.9, 0.85, 0.3, 0.25, 0.2], gap=0.3, floor=0.0) == (2, "gap")
+    assert context.depth([0.9, 0.85, 0.8, 0.75], gap=0.3, floor=0.0) == (4, "")  # no drop big enough
+    assert context.depth([1.0, 0.7, 0.45, 0.4], gap=0.0, floor=0.5) == (2, "floor")
+    assert context.depth([1.0, 0.1], gap=0.3, floor=0.0, min_keep=2) == (2, "")
+
+
+def test_depth_never_cuts_results_it_cannot_rank() -> None:
+    assert context.depth([0.2, 0.5, 0.9], gap=0.1, floor=0.5) == (3, "")  # distances: lower is better
+    assert context.depth([0.9, None, 0.1], gap=0.1, floor=0.5) == (3, "")
+    assert context.depth([0.0, 0.0], gap=0.1, floor=0.5) == (2, "")
+    assert context.depth([], gap=0.1, floor=0.5) == (0, "")
+
+
+@given(st.lists(st.floats(0, 100, allow_nan=False), min_size=1, max_size=20),
+       st.floats(0, 1), st.floats(0, 1), st.integers(1, 3))
+def test_depth_keeps_a_ranked_prefix_of_at_least_min_keep(scores: list[float], gap: float, floor: float,
+                                                          min_keep: int) -> None:
+    ranked = sorted(scores, reverse=True)
+    keep, reason = context.depth(ranked, gap=gap, floor=floor, min_keep=min_keep)
+    assert min(min_keep, len(ranked)) <= keep <= len(ranked)
+    assert (keep < len(ranked)) == (reason != "")

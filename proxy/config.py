@@ -668,9 +668,10 @@ class ContextConfig:
     """The context economy (proxy/core/context.py, proxy/stages/context.py): request rewrites that
     make an LLM call's prompt cheaper without taking anything from the model.
 
-    `prompt_cache_key` (OpenAI-style routes): `system` sets a key per caller and system prompt when
-    the client set none (every task of one agent shares its preamble's cache), `task` one per task,
-    `off` none; `auto` is `system` on api.openai.com and `off` elsewhere. `breakpoints` (Anthropic
+    `prompt_cache_key` (OpenAI-style routes): `task` sets a key per task when the client set none
+    (a task's calls reach the machine holding its conversation), `system` one per caller and system
+    prompt, `off` none; `auto` is `task` on api.openai.com (chosen by bench/eval_agents/context_eval.py)
+    and `off` elsewhere (an OpenAI-compatible server may refuse a field it does not know). `breakpoints` (Anthropic
     routes): cache_control where the stable prefix ends. `evidence_once`: a chunk a new tool result
     repeats from earlier in the conversation becomes a reference. `routes` overrides by route name."""
 

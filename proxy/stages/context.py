@@ -58,7 +58,7 @@ class Tally:
 def _policy_key(settings: Settings, policy: ContextRoute, url: str) -> str:
     mode = policy.prompt_cache_key or "off"
     if mode == "auto":
-        return "system" if (urlsplit(url).hostname or "") in CACHE_KEY_HOSTS else "off"
+        return "task" if (urlsplit(url).hostname or "") in CACHE_KEY_HOSTS else "off"
     return mode
 
 

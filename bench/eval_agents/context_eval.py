@@ -67,6 +67,7 @@ def run(stack_tasks: Sequence[Task], gold: Mapping[str, Gold], label: str, raw: 
             "written": ledger.written[r.task_id],
             "preamble": preamble * ledger.calls[r.task_id],
             "chunks_referenced": ctx.get("chunks_referenced", 0),
+            "resent_tokens": sum(c.resent_tokens for c in r.calls),
             "evidence_chars_saved": ctx.get("evidence_chars_saved", 0),
         }
     return out
@@ -105,6 +106,8 @@ def compare(base: Mapping[str, Any], arm: Mapping[str, Any], ids: Sequence[str],
                              sum(arm[i]["cached"] for i in sel) / prompt if prompt else None],
             "prompt_tokens_per_task": [base_prompt / len(sel), prompt / len(sel)],
             "chunks_referenced": sum(arm[i]["chunks_referenced"] for i in sel),
+            "evidence_resent_tokens_per_task": [sum(base[i]["resent_tokens"] for i in sel) / len(sel),
+                                                sum(arm[i]["resent_tokens"] for i in sel) / len(sel)],
         }
     return out
 
@@ -117,11 +120,12 @@ def table(title: str, c: Mapping[str, Any]) -> str:
         b, a = s["input_cost_per_task"]
         cs = s["cached_share"]
         pb, pa = s["prompt_tokens_per_task"]
+        rb, ra = s["evidence_resent_tokens_per_task"]
         lines.append(
             f"{style:<13} {s['tasks']:>5} {s['correct'][0]:>4}->{s['correct'][1]:<4} {s['lost']:>4} "
             f"{f'${b:.5f} -> ${a:.5f}':>31} {s['ratio']:>6.2f} {s['floor_ratio']:>6.2f} "
             f"{f'{cs[0]:.0%} -> {cs[1]:.0%}':>14} "
-            f"{f'{pb:.0f}->{pa:.0f}':>17}")
+            f"{f'{pb:.0f}->{pa:.0f}':>17} {f'{rb:.0f}->{ra:.0f}':>17}")
     return "\n".join(lines) + "\n"
 
 

@@ -149,6 +149,7 @@ def _baggage_task(baggage: str) -> str:
 class CallSpan:
     operation: str  # chat | retrieval | rerank
     cost_usd: float  # 0 when ragtoll rejected the call (no upstream call, nothing settled)
+    resent_tokens: int = 0  # LLM calls: prompt tokens of evidence an earlier prompt already sent (the landfill)
 
 
 @dataclass
@@ -226,7 +227,8 @@ def run_workload(
         op = attrs.get("gen_ai.operation.name")
         if op in CALL_OPERATIONS and "ragtoll.task.id" in attrs:
             calls.setdefault(str(attrs["ragtoll.task.id"]), []).append(
-                (span.start_time or 0, CallSpan(str(op), float(attrs.get("ragtoll.cost.usd", 0.0)))))
+                (span.start_time or 0, CallSpan(str(op), float(attrs.get("ragtoll.cost.usd", 0.0)),
+                                                int(attrs.get("ragtoll.evidence.duplicate_tokens", 0)))))
     records = {r["task_id"]: r for r in report.read_jsonl(records_file)}
     runs = []
     for task, task_id, result, correct, tools in partial:

@@ -40,7 +40,7 @@ ANTHROPIC_PRICES = {"claude-sonnet-4-5": (3.00, 0.30, 3.75), "claude-haiku-4-5":
 PRICES = dict(OPENAI_PRICES)
 HEADLINE = "gpt-4.1"
 TARGET_RATIO = 0.6
-DEPTH_CANDIDATES = ((0.25, 0.0), (0.5, 0.0), (0.0, 0.5))  # (depth_gap, depth_floor)
+DEPTH_CANDIDATES = ((0.15, 0.0), (0.25, 0.0), (0.5, 0.0), (0.0, 0.5))  # (depth_gap, depth_floor)
 DEFAULT_OUT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "results", "context_eval.json")
 
 

@@ -138,8 +138,13 @@ def test_adaptive_depth_trims_a_retrieval_answer_and_says_so(proxy: ProxyFactory
     assert (span.attributes[sc.CONTEXT_DEPTH_KEPT], span.attributes[sc.CONTEXT_DEPTH_RETURNED]) == (2, 5)
 
 
-def test_depth_is_off_by_default(proxy: ProxyFactory, upstream: Upstream) -> None:
+def test_default_depth_cuts_only_at_a_large_drop(proxy: ProxyFactory, upstream: Upstream) -> None:
+    """By default (depth on, depth_gap 0.25) evenly falling scores (0.9, 0.8, ...: drops of 11% of
+    the top) all go through; a route can turn depth off."""
     ups = [{"name": "docs", "kind": "retrieval", "api": "json", "url": upstream.url, "prefix": "/docs"}]
     with proxy(upstreams=ups) as base:
+        r = httpx.post(f"{base}/docs/search", json={"query": "refunds", "top_k": 5})
+    assert len(r.json()["results"]) == 5 and "x-ragtoll-depth" not in r.headers
+    with proxy(upstreams=ups, context={"depth_floor": 0.85, "routes": {"docs": {"depth": False}}}) as base:
         r = httpx.post(f"{base}/docs/search", json={"query": "refunds", "top_k": 5})
     assert len(r.json()["results"]) == 5 and "x-ragtoll-depth" not in r.headers

@@ -165,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
         chosen, best = "system", None
         selection: dict[str, Any] = {}
         for mode in ("task", "system") if args.provider == "openai" else ():
-            arm = run(half_a, gold, f"select-{mode}", {"context": {"evidence_once": False, **key_route(mode)}},
-                      True, tmp)
+            arm = run(half_a, gold, f"select-{mode}",
+                      {"context": {"evidence_once": False, "depth": False, **key_route(mode)}}, True, tmp)
             c = compare(base, arm, ids_a)["overall"]
             selection[mode] = {"ratio": c["ratio"], "lost": c["lost"]}
             if c["lost"] == 0 and (best is None or c["ratio"] < best):
@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             out["key_mode"] = {"chosen_on_half_a": chosen, "half_a": selection}
             picked = ", ".join(f"{m}: {v['ratio']:.3f}x, {v['lost']} lost" for m, v in selection.items())
             w(f"prompt_cache_key mode chosen on half A: {chosen} ({picked})\n\n")
-        alone = {"breakpoints": False, "prompt_cache_key": "off"}  # no cache assist: a piece measured alone
+        # no cache assist, no depth: each piece is measured alone
+        alone = {"breakpoints": False, "prompt_cache_key": "off", "depth": False}
         # adaptive depth's cut, chosen on half A the same way (docs route: the eval's retrieval)
         depth_pick: dict[str, Any] | None = None
         best = None
@@ -190,9 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         out["depth"] = {"chosen_on_half_a": depth_pick, "half_a": depth_sel}
         picked = ", ".join(f"{k}: {v['ratio']:.3f}x, {v['lost']} lost" for k, v in depth_sel.items())
         w(f"adaptive depth chosen on half A: {depth_pick} ({picked})\n\n")
-        depth_cfg = depth_pick or {"depth": False}
-        assist = ({"cache_key": ({"context": {"evidence_once": False, **key_route(chosen)}}, True)}
-                  if args.provider == "openai" else {"breakpoints": ({"context": {"evidence_once": False}}, True)})
+        depth_cfg = depth_pick or {"depth": False}  # the embedded default is depth on, gap 0.25, floor 0
+        assist = ({"cache_key": ({"context": {"evidence_once": False, "depth": False, **key_route(chosen)}}, True)}
+                  if args.provider == "openai" else
+                  {"breakpoints": ({"context": {"evidence_once": False, "depth": False}}, True)})
         arms = {
             "budgets": ({"context": {"enabled": False}}, False),
             **assist,

@@ -682,10 +682,11 @@ class ContextConfig:
     min_chunk_chars: int = 200  # a tool-result text shorter than this is never replaced
     # adaptive depth (retrieval routes): results past the largest score drop (`depth_gap`, a share
     # of the top score) or under `depth_floor` x the top score are not passed on. On by default:
-    # bench/eval_agents/context_eval.py chose gap 0.25 on half its tasks and lost no answer on
-    # either half (x-ragtoll-depth says what was cut; `routes.<name>.depth: false` opts out)
+    # bench/eval_agents/context_eval.py chose gap 0.15 on half its tasks (against both providers)
+    # and lost no answer on either half (x-ragtoll-depth says what was cut; `routes.<name>.depth:
+    # false` opts out)
     depth: bool = True
-    depth_gap: float = 0.3
+    depth_gap: float = 0.15
     depth_floor: float = 0.0
     routes: Mapping[str, ContextRoute] = EMPTY
 

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         out["depth"] = {"chosen_on_half_a": depth_pick, "half_a": depth_sel}
         picked = ", ".join(f"{k}: {v['ratio']:.3f}x, {v['lost']} lost" for k, v in depth_sel.items())
         w(f"adaptive depth chosen on half A: {depth_pick} ({picked})\n\n")
-        depth_cfg = depth_pick or {"depth": False}  # the embedded default is depth on, gap 0.25, floor 0
+        depth_cfg = depth_pick or {"depth": False}  # the embedded default is depth on, gap 0.15, floor 0
         assist = ({"cache_key": ({"context": {"evidence_once": False, "depth": False, **key_route(chosen)}}, True)}
                   if args.provider == "openai" else
                   {"breakpoints": ({"context": {"evidence_once": False, "depth": False}}, True)})

@@ -139,7 +139,7 @@ def test_adaptive_depth_trims_a_retrieval_answer_and_says_so(proxy: ProxyFactory
 
 
 def test_default_depth_cuts_only_at_a_large_drop(proxy: ProxyFactory, upstream: Upstream) -> None:
-    """By default (depth on, depth_gap 0.25) evenly falling scores (0.9, 0.8, ...: drops of 11% of
+    """By default (depth on, depth_gap 0.15) evenly falling scores (0.9, 0.8, ...: drops of 11% of
     the top) all go through; a route can turn depth off."""
     ups = [{"name": "docs", "kind": "retrieval", "api": "json", "url": upstream.url, "prefix": "/docs"}]
     with proxy(upstreams=ups) as base:

@@ -1,4 +1,4 @@
-"""What the context rewrites cost per call on a ~4 KB prompt (proxy/core/context.py), next to
+"""What the context rewrites cost per call on a ~4 KB body (proxy/core/context.py), next to
 reading the same body once with orjson in the same run (the floor any body rewrite pays).
 
     python bench/bench_context.py [--n 20000]
@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from ragtoll.proxy.core import context
 
-CHUNKS = [f"Chunk {i}: " + "Refunds on annual plans are allowed within thirty days of purchase. " * 6 for i in range(4)]
+CHUNKS = [f"Chunk {i}: " + "Refunds on annual plans are allowed within thirty days of purchase. " * 10 for i in range(4)]
 
 
 def _tool(ids: list[int]) -> str:

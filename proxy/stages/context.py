@@ -82,7 +82,8 @@ class ContextStage(Stage):
             return
         name = ex.route.upstream.name
         policy = self.policies[name]
-        key_mode = self.keys[name] if api == "openai" else "off"
+        # chat completions and Responses take prompt_cache_key; legacy completions are left alone
+        key_mode = self.keys[name] if api == "openai" and ex.call.operation == "chat" else "off"
         marks = api == "anthropic" and bool(policy.breakpoints)
         if key_mode == "off" and not marks and not policy.evidence_once:
             return

@@ -266,3 +266,13 @@ def test_depth_keeps_a_ranked_prefix_of_at_least_min_keep(scores: list[float], g
     keep, reason = context.depth(ranked, gap=gap, floor=floor, min_keep=min_keep)
     assert min(min_keep, len(ranked)) <= keep <= len(ranked)
     assert (keep < len(ranked)) == (reason != "")
+
+
+def test_hostile_tool_results_pass_unchanged() -> None:
+    """Nesting past what a JSON parser takes, odd encodings and non-object results: sent as they came."""
+    deep = "[" * 5000 + "]" * 5000
+    odd = '{"chunks": [{"id": "x", "text": "\\ud800 lone surrogate ' + "y" * 300 + '"}]}'
+    messages = [{"role": "tool", "content": c} for c in (deep, deep, odd, odd, "[1, 2, 3]" + " " * 300, "null" * 100)]
+    out, rw = _rewritten(messages)
+    assert out[:2] == messages[:2] and out[4:] == messages[4:]
+    assert rw.chunks_referenced <= 1

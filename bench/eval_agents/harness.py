@@ -84,7 +84,7 @@ def agents_preamble_tokens() -> int:
 
 
 def routes(stack: Stack) -> list[dict[str, Any]]:
-    """The demo's three routes (README, "The config the demo builds")."""
+    """The demo's three routes (docs/evaluations.md, "The config the demo builds")."""
     return [
         {"name": "llm", "kind": "llm", "api": stack.api, "url": stack.llm, "prefix": "/llm"},
         {

@@ -38,6 +38,7 @@ from .request.upstream import UpstreamClient
 from .secrets import budget_hmac_key, environment
 from .stages.budget import BudgetStage, breaker_for
 from .stages.cache import CacheStage, evidence_cache
+from .stages.context import ContextStage
 from .stages.evidence import EvidenceStage
 from .stages.outcome import OutcomeStage
 from .stages.principal import PrincipalStage
@@ -58,6 +59,7 @@ def build_stages(settings: Settings, *, stores: Stores, cache: CacheStage | None
     exchange fields; `Pipeline` checks the order serves them):
 
     cache      reads the caller and the parsed call; proposes a hit, files a miss's evidence
+    context    rewrites an LLM call's body to cost less (prompt cache key or breakpoints, evidence once)
     principal  reads the caller; refuses a principal past its limits; charges it the call's settlement
     budget     reads the task, the call and the proposal; reserves (or refuses), holds a stream, settles
     evidence   reads the budget's new-chunk count and the answer; x-ragtoll-evidence, the landfill
@@ -66,6 +68,8 @@ def build_stages(settings: Settings, *, stores: Stores, cache: CacheStage | None
 
     `on_end` runs in reverse order, so the principal charges what the budget settled."""
     stages: list[Stage] = [cache] if cache is not None else []
+    if settings.context.enabled:
+        stages.append(ContextStage(settings))
     if settings.budgets.enabled and principal is not None:
         stages.append(principal)
     if settings.budgets.enabled:
@@ -153,6 +157,7 @@ class RagtollApp:
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.callers,
                                  self.tracer, on_end=self._record_call, root_sampled=root_sampled(self.tracer_provider),
                                  conversations=conversations)
+        ender.listeners.extend(s.annotate for s in stages if isinstance(s, ContextStage))  # before the span
         ender.listeners.append(self._task_ended)
         task_stages = [s for s in stages if type(s).on_task_end is not Stage.on_task_end]
         ender.listeners.append(lambda record: _forget(task_stages, str(record.get("task_id"))))

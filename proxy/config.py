@@ -506,6 +506,9 @@ class PriceEntry:
     cached_input_per_mtok: float | None = None
     output_per_mtok: float | None = None
     per_call: float | None = None
+    # prompt tokens written to the provider's cache (Anthropic: 1.25x input for the 5-minute cache);
+    # None: priced as input
+    cache_write_per_mtok: float | None = None
 
     def validate(self, where: str) -> None:
         for f in dataclasses.fields(self):
@@ -642,6 +645,89 @@ class PrincipalLimits:
                 _bad(f"{where}.{name}", value, "a finite number >= 0 (omit the key for no limit)")
 
 
+CACHE_KEY_MODES = ("auto", "off", "task", "system")
+# hosts known to take `prompt_cache_key` (`auto` sets it there only: an OpenAI-compatible server
+# elsewhere may refuse a field it does not know)
+CACHE_KEY_HOSTS = ("api.openai.com",)
+
+
+@dataclass(frozen=True)
+class ContextRoute:
+    """One route's departures from the `context:` defaults (None: the default applies)."""
+
+    prompt_cache_key: Literal["auto", "off", "task", "system"] | None = None
+    breakpoints: bool | None = None
+    evidence_once: bool | None = None
+    min_chunk_chars: int | None = None
+    depth: bool | None = None
+    depth_gap: float | None = None
+    depth_floor: float | None = None
+
+    def validate(self, where: str) -> None:
+        for key in ("depth_gap", "depth_floor"):
+            value = getattr(self, key)
+            if value is not None and (not _finite(value) or not 0 <= value <= 1):
+                _bad(f"{where}.{key}", value, "a share of the top score in [0, 1] (0 turns this cut off)")
+        if self.min_chunk_chars is not None and self.min_chunk_chars < MIN_CHUNK_CHARS:
+            _bad(f"{where}.min_chunk_chars", self.min_chunk_chars,
+                 f"at least {MIN_CHUNK_CHARS} characters (a shorter text is too common to stand for a chunk)")
+
+
+MIN_CHUNK_CHARS = 64
+
+
+@dataclass(frozen=True)
+class ContextConfig:
+    """The context economy (proxy/core/context.py, proxy/stages/context.py): request rewrites that
+    make an LLM call's prompt cheaper without taking anything from the model.
+
+    `prompt_cache_key` (OpenAI-style routes): `task` sets a key per task when the client set none
+    (a task's calls reach the machine holding its conversation), `system` one per caller and system
+    prompt, `off` none; `auto` is `task` on api.openai.com (chosen by bench/eval_agents/context_eval.py)
+    and `off` elsewhere (an OpenAI-compatible server may refuse a field it does not know). `breakpoints` (Anthropic
+    routes): cache_control where the stable prefix ends. `evidence_once`: a chunk a new tool result
+    repeats from earlier in the conversation becomes a reference. `routes` overrides by route name."""
+
+    enabled: bool = True
+    prompt_cache_key: Literal["auto", "off", "task", "system"] = "auto"
+    breakpoints: bool = True
+    evidence_once: bool = True
+    min_chunk_chars: int = 200  # a tool-result text shorter than this is never replaced
+    # adaptive depth (retrieval routes): results past the largest score drop (`depth_gap`, a share
+    # of the top score) or under `depth_floor` x the top score are not passed on. On by default:
+    # bench/eval_agents/context_eval.py chose gap 0.15 on half its tasks (against both providers)
+    # and lost no answer on either half (x-ragtoll-depth says what was cut; `routes.<name>.depth:
+    # false` opts out)
+    depth: bool = True
+    depth_gap: float = 0.15
+    depth_floor: float = 0.0
+    routes: Mapping[str, ContextRoute] = EMPTY
+
+    def __post_init__(self) -> None:
+        _freeze(self, "routes")
+
+    def validate(self, where: str) -> None:
+        if self.min_chunk_chars < MIN_CHUNK_CHARS:
+            _bad(f"{where}.min_chunk_chars", self.min_chunk_chars,
+                 f"at least {MIN_CHUNK_CHARS} characters (default 200)")
+        ContextRoute(depth_gap=self.depth_gap, depth_floor=self.depth_floor).validate(where)
+        for name, route in self.routes.items():
+            route.validate(f"{where}.routes.{name}")
+
+    def for_route(self, name: str) -> ContextRoute:
+        """The policy of route `name`, every field resolved (None only where nothing applies)."""
+        over = self.routes.get(name) or ContextRoute()
+        return ContextRoute(
+            prompt_cache_key=over.prompt_cache_key or self.prompt_cache_key,
+            breakpoints=self.breakpoints if over.breakpoints is None else over.breakpoints,
+            evidence_once=self.evidence_once if over.evidence_once is None else over.evidence_once,
+            min_chunk_chars=over.min_chunk_chars or self.min_chunk_chars,
+            depth=self.depth if over.depth is None else over.depth,
+            depth_gap=self.depth_gap if over.depth_gap is None else over.depth_gap,
+            depth_floor=self.depth_floor if over.depth_floor is None else over.depth_floor,
+        )
+
+
 @dataclass(frozen=True)
 class PrincipalsConfig:
     """Budgets across tasks, per principal (DESIGN.md "Across tasks"): `default` applies to every
@@ -705,6 +791,7 @@ class Settings:
     identity: IdentityConfig = IdentityConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     principals: PrincipalsConfig = PrincipalsConfig()
+    context: ContextConfig = ContextConfig()
 
     def __post_init__(self) -> None:
         _freeze(self, "upstreams", "pricing")
@@ -745,6 +832,11 @@ class Settings:
         self.identity.validate("identity")
         self.telemetry.validate("telemetry")
         self.principals.validate("principals")
+        self.context.validate("context")
+        for name in self.context.routes:
+            if name not in names:
+                _bad(f"context.routes.{name}", name,
+                     f"the name of a configured upstream ({', '.join(sorted(names))})")
 
 
 def _check_one_transport(where: str, up: UpstreamConfig, seen: dict[str, tuple[str, UpstreamConfig]]) -> None:

@@ -116,6 +116,7 @@ class Usage:
     output_tokens: int | None = None
     cached_input_tokens: int | None = None
     reasoning_tokens: int | None = None
+    cache_write_tokens: int | None = None  # prompt tokens written to the provider's cache (Anthropic)
 
 
 @dataclass(slots=True)

@@ -98,12 +98,15 @@ def _llm_error(exc: Exception) -> str:
     return f"LLM unreachable: {exc}"
 
 
-def run(style: str, llm: openai.OpenAI, tools: LoggedTools, question: str) -> Result:
+def run(style: str, llm: openai.OpenAI, tools: LoggedTools, question: str, preamble: str = "") -> Result:
+    """One task; `preamble` goes at the start of the system prompt (the context eval's fixed
+    instructions, provider.PREAMBLE; the scripted model reads past it)."""
     spec = STYLE_AGENTS[style]
     if spec.demo_agent:
-        r = demo_agent.run(llm, tools, question)
+        r = demo_agent.run(llm, tools, question, system=preamble + demo_agent.SYSTEM)
         return Result(r.answer, r.stopped, r.turns, r.tool_errors)
-    messages: list[Any] = [{"role": "system", "content": spec.system}, {"role": "user", "content": question}]
+    messages: list[Any] = [{"role": "system", "content": preamble + spec.system},
+                           {"role": "user", "content": question}]
     result = Result(answer=None)
     for turn in range(1, spec.max_turns + 1):
         result.turns = turn

@@ -20,6 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 from opentelemetry.sdk.trace import TracerProvider
@@ -34,7 +35,7 @@ from ragtoll.proxy.tools.demo.corpus import PRINCIPALS
 from ragtoll.proxy.tools.demo.runner import PRICING
 from ragtoll.proxy.tools.demo.serving import serve
 
-from . import agents, policies
+from . import agents, anthropic_side, policies, provider
 from .workload import Gold, Task, load_chunks
 
 CALL_OPERATIONS = ("chat", "retrieval", "rerank")
@@ -45,22 +46,47 @@ class Stack:
     llm: str
     docs: str
     rerank: str
+    # the context eval's stack: the LLM behind a prompt cache (its per-task ledger), agents with a
+    # fixed preamble, chunks of realistic size (provider.py); None: the plain stack
+    ledger: provider.Ledger | None = None
+    preamble: str = ""
+    api: str = "openai"  # the LLM's API: openai, or anthropic (anthropic_side.py)
 
 
 @contextlib.contextmanager
-def stack_up() -> Iterator[Stack]:
+def stack_up(prompt_cache: provider.OpenAIPromptCache | provider.AnthropicPromptCache | None = None,
+             chunk_tokens: int = 0) -> Iterator[Stack]:
+    """The stack; with `prompt_cache`, the context eval's (the LLM behind that cache, OpenAI's or
+    Claude's API by the cache's kind, agents with provider.PREAMBLE, retrieved chunks padded to
+    `chunk_tokens`)."""
+    ledger = provider.Ledger() if prompt_cache is not None else None
+    llm_app: Any = services.llm_app(policies.decide)
+    docs_app: Any = services.retrieval_app(load_chunks())
+    api = "anthropic" if isinstance(prompt_cache, provider.AnthropicPromptCache) else "openai"
+    if isinstance(prompt_cache, provider.AnthropicPromptCache) and ledger is not None:
+        llm_app = anthropic_side.llm_app(prompt_cache, ledger, agents_preamble_tokens())
+    elif prompt_cache is not None and ledger is not None:
+        llm_app = provider.openai_provider(llm_app, prompt_cache, ledger, agents_preamble_tokens())
+    if prompt_cache is not None and chunk_tokens:
+        docs_app = provider.padded_retrieval(docs_app, chunk_tokens)
     with (
-        serve(services.llm_app(policies.decide)) as llm,
-        serve(services.retrieval_app(load_chunks())) as docs,
+        serve(llm_app) as llm,
+        serve(docs_app) as docs,
         serve(services.rerank_app()) as rr,
     ):
-        yield Stack(llm, docs, rr)
+        yield Stack(llm, docs, rr, ledger, provider.PREAMBLE if prompt_cache is not None else "", api)
+
+
+def agents_preamble_tokens() -> int:
+    from ragtoll.proxy.core import tokens
+
+    return tokens.count(provider.PREAMBLE)
 
 
 def routes(stack: Stack) -> list[dict[str, Any]]:
     """The demo's three routes (docs/evaluations.md, "The config the demo builds")."""
     return [
-        {"name": "llm", "kind": "llm", "api": "openai", "url": stack.llm, "prefix": "/llm"},
+        {"name": "llm", "kind": "llm", "api": stack.api, "url": stack.llm, "prefix": "/llm"},
         {
             "name": "docs", "kind": "retrieval", "api": "json", "url": stack.docs, "prefix": "/docs",
             "fields": {"query": "query", "top_k": "top_k", "results": "results", "id": "id", "text": "text",
@@ -92,6 +118,7 @@ def settings_for(
             if isinstance(profile, dict):
                 profile.pop("mode", None)
         doc["cache"] = {**doc.get("cache", {}), "enabled": False}
+        doc.setdefault("context", {"enabled": False})  # the baseline rewrites nothing either
     return config.parse(doc)
 
 
@@ -122,6 +149,7 @@ def _baggage_task(baggage: str) -> str:
 class CallSpan:
     operation: str  # chat | retrieval | rerank
     cost_usd: float  # 0 when ragtoll rejected the call (no upstream call, nothing settled)
+    resent_tokens: int = 0  # LLM calls: prompt tokens of evidence an earlier prompt already sent (the landfill)
 
 
 @dataclass
@@ -177,9 +205,15 @@ def run_workload(
                     "baggage": f"ragtoll.task.id={task_id}",
                     "x-auth-subject": task.principal,
                     "x-auth-groups": ",".join(PRINCIPALS[task.principal]),
+                    "x-eval-task": task_id,  # ragtoll never forwards baggage to an untrusted upstream
                 }
                 tools = agents.LoggedTools(http, base, headers)
-                result = agents.run(task.style, llm, tools, task.question)
+                if stack.api == "anthropic":
+                    with anthropic.Anthropic(base_url=f"{base}/llm", api_key="sk-ant-eval-not-a-real-key",
+                                             timeout=60, max_retries=2) as claude:
+                        result = anthropic_side.run(task.style, claude, tools, task.question, stack.preamble)
+                else:
+                    result = agents.run(task.style, llm, tools, task.question, stack.preamble)
                 correct = demo_scoring.judge(result.answer, gold[task.id].answer)
                 resp = http.post(f"{base}/admin/tasks/{task_id}/end", json={"correct": correct},
                                  headers={"authorization": f"Bearer {token}"})
@@ -193,7 +227,8 @@ def run_workload(
         op = attrs.get("gen_ai.operation.name")
         if op in CALL_OPERATIONS and "ragtoll.task.id" in attrs:
             calls.setdefault(str(attrs["ragtoll.task.id"]), []).append(
-                (span.start_time or 0, CallSpan(str(op), float(attrs.get("ragtoll.cost.usd", 0.0)))))
+                (span.start_time or 0, CallSpan(str(op), float(attrs.get("ragtoll.cost.usd", 0.0)),
+                                                int(attrs.get("ragtoll.evidence.duplicate_tokens", 0)))))
     records = {r["task_id"]: r for r in report.read_jsonl(records_file)}
     runs = []
     for task, task_id, result, correct, tools in partial:

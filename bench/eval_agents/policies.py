@@ -47,6 +47,8 @@ from ragtoll.proxy.tools.demo.policy import (
 from ragtoll.proxy.tools.demo.policy import decide as demo_decide
 from ragtoll.proxy.tools.demo.text import overlap, sentences
 
+from .provider import PREAMBLE
+
 TOP_K = 6
 Policy = Callable[[Transcript, bool], Action]
 
@@ -237,6 +239,9 @@ def decide(messages: list[dict[str, Any]], *, final: bool = False) -> Action:
     """The scripted model: the policy the system prompt asks for; any other prompt (the demo agent's,
     used by the corroborator, fatal and passes agents) gets the demo's policy."""
     system = next((str(m.get("content") or "") for m in messages if m.get("role") == "system"), "")
+    if system.startswith(PREAMBLE):  # the context eval's fixed instructions: the style follows them
+        system = system.removeprefix(PREAMBLE)
+        messages = [{**m, "content": system} if m.get("role") == "system" else m for m in messages]
     for style, prompt in SYSTEMS.items():
         if system == prompt:
             return POLICIES[style](read_transcript(messages), final)

@@ -2,7 +2,8 @@
 
 Claude's tokenizer is not public, so prompt tokens are an o200k estimate marked estimated; the
 response's usage settles the truth. Usage maps to the OpenAI meaning: `input_tokens` counts the
-whole prompt (uncached + cache reads + cache writes), `cached_input_tokens` the cache reads.
+whole prompt (uncached + cache reads + cache writes), `cached_input_tokens` the cache reads,
+`cache_write_tokens` the cache writes (priced apart: 1.25x input for the 5-minute cache).
 """
 
 from __future__ import annotations
@@ -168,14 +169,16 @@ def usage(u: Any, prev: Usage | None = None) -> Usage | None:
     if fresh is None and read is None and write is None:
         total = prev.input_tokens if prev else None
         cached = prev.cached_input_tokens if prev else None
+        written = prev.cache_write_tokens if prev else None
     else:
         total = (fresh or 0) + (read or 0) + (write or 0)
         cached = read if read is not None else (prev.cached_input_tokens if prev else None)
+        written = write if write is not None else (prev.cache_write_tokens if prev else None)
         if prev is not None and prev.input_tokens is not None and total < prev.input_tokens:
             total = prev.input_tokens  # counts are cumulative: a later event naming fewer parts is not less
     out = as_int(u.get("output_tokens"))
     return Usage(input_tokens=total, output_tokens=out if out is not None else (prev.output_tokens if prev else None),
-                 cached_input_tokens=cached, reasoning_tokens=None)
+                 cached_input_tokens=cached, reasoning_tokens=None, cache_write_tokens=written)
 
 
 class MessagesObserver(BufferedJsonObserver):

@@ -57,6 +57,19 @@ class JsonRetrievalAdapter:
         # body fields that never change the results: left out of `Call.selector`
         self.irrelevant = tuple(p.strip() for p in self.fields.get("irrelevant", "").split(",") if p.strip())
 
+    def keep_results(self, body: bytes, keep: int) -> bytes | None:
+        """The answer with only its first `keep` results (adaptive depth, stages/context.py); None
+        when it holds no results list longer than that (it is then sent as it came)."""
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        results = get_path(doc, self.fields.get("results"))
+        if not isinstance(results, list) or keep >= len(results):
+            return None
+        del results[keep:]  # in place: the list is part of `doc`
+        return orjson.dumps(doc)
+
     # -- request ---------------------------------------------------------------------------------
 
     def route_id(self, method: str, path: str) -> str | None:

@@ -82,6 +82,10 @@ class ChromaAdapter(JsonRetrievalAdapter):
     def empty_result(self, path: str) -> bytes | None:
         return orjson.dumps({"ids": [[]], "documents": [[]], "metadatas": [[]], "distances": [[]]})
 
+    def keep_results(self, body: bytes, keep: int) -> bytes | None:
+        """Never trimmed (adaptive depth): results are parallel arrays per query, scored by distance."""
+        return None
+
     def route_id(self, method: str, path: str) -> str | None:
         m = self._PATH.search(path)
         return f"{self.upstream.name}/{m.group(1)}" if m and method == "POST" else None

@@ -126,6 +126,7 @@ class Prices:
         u = obs.usage
         inp = u.input_tokens if u and u.input_tokens is not None else call.prompt_tokens
         cached = u.cached_input_tokens if u and u.cached_input_tokens else 0
+        written = u.cache_write_tokens if u and u.cache_write_tokens else 0
         if u and u.output_tokens is not None:
             out: int | None = u.output_tokens
         elif obs.output_tokens_seen:
@@ -134,9 +135,12 @@ class Prices:
             out = call.max_output_tokens  # nothing observed: assume the most it was allowed
         else:
             out = 0
-        return self._cost(upstream, call, inp, cached, out)
+        return self._cost(upstream, call, inp, cached, out, written)
 
-    def _cost(self, upstream: UpstreamConfig, call: Call, inp: int | None, cached: int, out: int | None) -> Cost:
+    def _cost(self, upstream: UpstreamConfig, call: Call, inp: int | None, cached: int, out: int | None,
+              written: int = 0) -> Cost:
+        """Input in three parts: uncached at the input price, cache reads at the cached price, cache
+        writes at the cache-write price (each falling back to the input price when unpriced)."""
         per_call, tok, priced = self._rates(upstream, call)
         usd, measured = per_call, True
         if tok is not None:
@@ -144,9 +148,12 @@ class Prices:
                 measured = False  # tokens could not be read: priced with what we have
             inp, out = inp or 0, out or 0
             cached = min(cached, inp)
+            written = min(written, inp - cached)
             in_price = tok.input_per_mtok or 0.0
             cached_price = tok.cached_input_per_mtok if tok.cached_input_per_mtok is not None else in_price
-            usd += ((inp - cached) * in_price + cached * cached_price + out * (tok.output_per_mtok or 0.0)) / 1e6
+            write_price = tok.cache_write_per_mtok if tok.cache_write_per_mtok is not None else in_price
+            usd += ((inp - cached - written) * in_price + cached * cached_price + written * write_price
+                    + out * (tok.output_per_mtok or 0.0)) / 1e6
         return Cost(usd=usd, known=priced and measured, priced=priced, measured=measured)
 
     def _rates(self, upstream: UpstreamConfig, call: Call) -> tuple[float, PriceEntry | None, bool]:

@@ -86,6 +86,9 @@ class Exchange:
     headers_sent: bool = False  # after this the status can no longer change
     complete: bool = False  # the response body reached its end (a stream cut by a budget included)
     body_error: Exception | None = None  # why a streamed request body failed (the upstream sees only a break)
+    # a retrieval answer read whole, decoded, before `on_response`; a stage there may replace it
+    # (the forwarder then sends the replacement, plain, with its own content-length)
+    response_body: bytes | None = None
     watcher: asyncio.Task[None] | None = None  # cancels the call when the client goes away
     # what the stages hand each other (each stage's `contract` says which it reads and writes)
     proposal: Reply | None = None  # a local answer proposed by an earlier stage (see above)
@@ -114,7 +117,7 @@ class Exchange:
 PIPELINE_FIELDS = frozenset({"route", "method", "target", "headers", "raw_headers", "client", "started", "task",
                              "caller", "call", "body", "request_body", "span", "timeouts", "response_headers", "thread"})
 RESPONSE_FIELDS = frozenset({"observation", "status", "error", "outcome", "upstream_seconds", "bytes_out",
-                             "headers_sent", "complete", "body_error", "watcher"})
+                             "headers_sent", "complete", "body_error", "watcher", "response_body"})
 FIELDS = frozenset(f.name for f in dataclasses.fields(Exchange))
 
 

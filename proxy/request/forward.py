@@ -179,7 +179,12 @@ class Forwarder:
         if plain is not None:
             self._chunk(ex, plain)  # stages see the body as they would a stream (a cut cannot apply here)
         if self._described(ex, response):
+            ex.response_body = plain
             await self._on_response(ex)
+            if ex.response_body is not plain and ex.response_body is not None:  # a stage trimmed the answer
+                raw = ex.response_body
+                headers = [(k, v) for k, v in headers if k.lower() not in (b"content-length", b"content-encoding")]
+                headers.append((b"content-length", str(len(raw)).encode()))
         ex.complete = True
         await self._answered(ex)
         ex.bytes_out = len(raw)

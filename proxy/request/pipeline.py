@@ -2,7 +2,7 @@
 
   * admit: task identity (it parents the spans), who is calling (`ex.caller`, resolved once), the
     request body, the adapter's parse, the call span, then every stage's `on_request` in order
-    (cache, principal, budget, evidence, span, outcome; their order is checked against the stages'
+    (cache, context, principal, budget, evidence, span, outcome; their order is checked against the stages'
     contracts when the pipeline is made);
   * respond: the local answer (a reply a stage returned, or a proposal no later stage vetoed) or
     the upstream's, streamed through `Forwarder`;

@@ -68,6 +68,7 @@ class SpanStage(Stage):
                 (sc.GEN_AI_USAGE_OUTPUT_TOKENS, u.output_tokens),
                 (sc.GEN_AI_USAGE_CACHED_INPUT_TOKENS, u.cached_input_tokens),
                 (sc.GEN_AI_USAGE_REASONING_TOKENS, u.reasoning_tokens),
+                (sc.GEN_AI_USAGE_CACHE_WRITE_TOKENS, u.cache_write_tokens),
             ):
                 if isinstance(value, int):
                     attrs[key] = value

@@ -180,6 +180,10 @@ class Row:
     cache_hit_rate: float | None  # cache hits / (hits + retrieval and rerank calls sent upstream)
     latency_p50_ms: float
     latency_p95_ms: float
+    # the context economy (records' `context`, stages/context.py): the provider's cache reads / input
+    # tokens, and the characters of chunk text not sent again per task (None: no context numbers)
+    cached_input_share: float | None = None
+    evidence_chars_saved: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -250,7 +254,18 @@ def _row(name: str, recs: list[Mapping[str, Any]]) -> Row:
         cache_hit_rate=sum(r["cache_hits"] for r in recs) / lookups if lookups else None,
         latency_p50_ms=percentile(durations, 50),
         latency_p95_ms=percentile(durations, 95),
+        **_context(recs),
     )
+
+
+def _context(recs: list[Mapping[str, Any]]) -> dict[str, float | None]:
+    """Cached-input share over the tasks' LLM input, and evidence characters not resent per task."""
+    ctx = [r["context"] for r in recs if isinstance(r.get("context"), Mapping)]
+    if not ctx:
+        return {}
+    inp = sum(int(c.get("input_tokens") or 0) for c in ctx)
+    return {"cached_input_share": sum(int(c.get("cached_input_tokens") or 0) for c in ctx) / inp if inp else None,
+            "evidence_chars_saved": sum(int(c.get("evidence_chars_saved") or 0) for c in ctx) / len(recs)}
 
 
 _COLUMNS = (
@@ -269,6 +284,8 @@ _COLUMNS = (
     ("cache_hit_rate", "cache hits", "%"),
     ("latency_p50_ms", "p50 ms", ".0f"),
     ("latency_p95_ms", "p95 ms", ".0f"),
+    ("cached_input_share", "cached input", "%"),
+    ("evidence_chars_saved", "evidence chars not resent/task", ".0f"),
 )
 
 

@@ -124,3 +124,22 @@ def test_rules_that_were_missing(raw: dict[str, Any], message: str) -> None:
 def test_profile_limits_of_any_size_are_checked_without_overflow() -> None:
     s = config.parse({"budgets": {"profiles": {"bounded": {"max_context_tokens": 10**400}}}})
     assert s.budgets.profiles["bounded"].max_context_tokens == 10**400
+
+
+@pytest.mark.parametrize(("context", "key"), [
+    ({"depth_gap": 1.5}, "context.depth_gap"),
+    ({"depth_floor": -0.1}, "context.depth_floor"),
+    ({"min_chunk_chars": 10}, "context.min_chunk_chars"),
+    ({"prompt_cache_key": "always"}, "context.prompt_cache_key"),
+    ({"routes": {"a": {"depth_floor": 2}}}, "context.routes.a.depth_floor"),
+    ({"routes": {"nope": {}}}, "context.routes.nope"),
+])
+def test_context_section_names_the_bad_key(context: dict[str, Any], key: str) -> None:
+    assert f"'{key}'" in str(error({"upstreams": [UP], "context": context}))
+
+
+def test_context_route_overrides_resolve_over_the_defaults() -> None:
+    s = config.parse({"upstreams": [UP], "context": {"depth": True, "routes": {"a": {"depth_gap": 0.5,
+                                                                                      "evidence_once": False}}}})
+    p = s.context.for_route("a")
+    assert (p.depth, p.depth_gap, p.depth_floor, p.evidence_once, p.prompt_cache_key) == (True, 0.5, 0.0, False, "auto")

@@ -28,7 +28,7 @@ def test_response_usage_includes_cache_reads_in_input() -> None:
     fx = load("anthropic_messages.json")
     ad = adapter("anthropic")
     obs = observe(ad, parse(ad, fx["path"], fx["request"]), orjson.dumps(fx["response"]))
-    assert obs.usage == Usage(input_tokens=1610, output_tokens=14, cached_input_tokens=1200)
+    assert obs.usage == Usage(input_tokens=1610, output_tokens=14, cached_input_tokens=1200, cache_write_tokens=0)
     assert obs.finish_reasons == ["end_turn"]
     assert obs.response_model == "claude-sonnet-4-5-20250929"
 
@@ -67,6 +67,15 @@ def test_message_delta_with_partial_input_usage_keeps_the_start_totals() -> None
     obs = observe(ad, call, body, "text/event-stream")
     assert obs.usage == Usage(input_tokens=120, output_tokens=5, cached_input_tokens=100)
     assert obs.finish_reasons == ["max_tokens"]
+
+
+def test_cache_writes_are_read_apart_from_reads() -> None:
+    ad = adapter("anthropic")
+    call = parse(ad, "/v1/messages", {"model": "claude-sonnet-4-5", "max_tokens": 5, "messages": []})
+    body = orjson.dumps({"model": "claude-sonnet-4-5", "content": [], "usage": {
+        "input_tokens": 10, "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 300, "output_tokens": 2}})
+    obs = observe(ad, call, body, "application/json")
+    assert obs.usage == Usage(input_tokens=1310, output_tokens=2, cached_input_tokens=1000, cache_write_tokens=300)
 
 
 def test_stream_end_closes_the_stream_as_a_max_tokens_stop() -> None:

@@ -99,3 +99,25 @@ def test_embeddings_have_no_output_cost() -> None:
     prices, ups = _prices()
     call = Call(operation="embeddings", model="text-embedding-3-small", prompt_tokens=1_000_000)
     assert prices.estimate(ups["openai"], call, 4096) == Cost(usd=pytest.approx(0.02), known=True)
+
+
+def test_anthropic_cache_writes_cost_a_quarter_more_than_input_and_reads_a_tenth() -> None:
+    """Claude's prompt cache: a 5-minute cache write is billed at 1.25x the input price, a read at
+    0.1x (the uncached rest at 1x). Before, writes were priced as plain input."""
+    prices, ups = _prices()
+    call = Call(operation="chat", model="claude-sonnet-4-5-20250929", prompt_tokens=10)
+    usage = Usage(input_tokens=1_000_000, output_tokens=0, cached_input_tokens=500_000, cache_write_tokens=300_000)
+    # 200k fresh x 3.00 + 500k read x 0.30 + 300k written x 3.75
+    assert prices.actual(ups["openai"], call, Observation(usage=usage)).usd == pytest.approx(0.6 + 0.15 + 1.125)
+    for name, entry in load_default_table()[1].items():
+        if name.startswith("claude"):
+            assert entry.cache_write_per_mtok == pytest.approx(1.25 * entry.input_per_mtok, rel=0.05), name
+            assert entry.cached_input_per_mtok == pytest.approx(0.1 * entry.input_per_mtok, rel=0.25), name
+
+
+def test_cache_writes_unpriced_cost_input_and_never_more_than_the_prompt() -> None:
+    prices, ups = _prices()
+    call = Call(operation="chat", model="gpt-4o", prompt_tokens=10)
+    usage = Usage(input_tokens=100, output_tokens=0, cached_input_tokens=60, cache_write_tokens=500)
+    # 40 written at the input price (gpt-4o has no write price), 60 read at 1.25
+    assert prices.actual(ups["openai"], call, Observation(usage=usage)).usd == pytest.approx((40 * 2.5 + 60 * 1.25) / 1e6)

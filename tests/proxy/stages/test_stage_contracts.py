@@ -21,6 +21,7 @@ from ragtoll.proxy.request.routing import Router
 from ragtoll.proxy.request.upstream import UpstreamClient
 from ragtoll.proxy.stages.budget import BudgetStage
 from ragtoll.proxy.stages.cache import CacheStage, evidence_cache
+from ragtoll.proxy.stages.context import ContextStage
 from ragtoll.proxy.stages.evidence import EvidenceStage
 from ragtoll.proxy.stages.outcome import OutcomeStage
 from ragtoll.proxy.stages.principal import PrincipalStage
@@ -33,7 +34,7 @@ STAGES = Path(__file__).resolve().parents[3] / "proxy" / "stages"
 # the modules whose functions a stage hands its exchange to
 MODULES = {
     CacheStage: ["cache"], PrincipalStage: ["principal"], EvidenceStage: ["evidence"], SpanStage: ["span"],
-    OutcomeStage: ["outcome"], BudgetStage: ["budget", "budget_span", "stream_guard", "exhaustion"],
+    OutcomeStage: ["outcome"], ContextStage: ["context"], BudgetStage: ["budget", "budget_span", "stream_guard", "exhaustion"],
 }
 
 
@@ -67,8 +68,9 @@ def touched(stage: type[Stage]) -> set[str]:
 
 
 async def test_the_apps_stage_order_serves_every_contract(stages: list[Stage]) -> None:
-    assert [type(s) for s in stages] == [CacheStage, PrincipalStage, BudgetStage, EvidenceStage, SpanStage,
-                                         OutcomeStage]
+    # the context stage rewrites the body before the budget charges the prompt as it will be sent
+    assert [type(s) for s in stages] == [CacheStage, ContextStage, PrincipalStage, BudgetStage, EvidenceStage,
+                                         SpanStage, OutcomeStage]
     check_contracts(stages)
     # a stage switched off (no cache, no principals) leaves its fields at their defaults: still served
     check_contracts([s for s in stages if not isinstance(s, CacheStage | PrincipalStage)])
@@ -106,7 +108,9 @@ async def test_an_order_that_cannot_serve_a_read_fails_loudly(stages: list[Stage
 async def test_every_reordering_is_either_served_or_refused(stages: list[Stage]) -> None:
     """Of the 720 orders of the six stages, the contracts accept exactly those that keep what each
     reads behind what writes it: the cache before principal and budget (the proposal, the
-    settlement charged in reverse), the budget before evidence (its new-chunk count)."""
+    settlement charged in reverse), the budget before evidence (its new-chunk count). (The context
+    stage reads only what the pipeline sets: no order refuses it.)"""
+    stages = [s for s in stages if not isinstance(s, ContextStage)]
     kinds = [type(s) for s in stages]
     accepted = 0
     for order in itertools.permutations(stages):

@@ -282,3 +282,18 @@ def test_outcomes_posted_through_the_admin_api_reach_the_report(
     assert main(["report", str(records), "--format", "json"]) == 0
     rows = orjson.loads(capsys.readouterr().out)
     assert (rows[-1]["tasks"], rows[-1]["judged"], rows[-1]["correct"]) == (2, 2, 1)
+
+
+def test_context_numbers_cached_input_share_and_evidence_not_resent() -> None:
+    """Tasks whose records carry `context` (stages/context.py): the share of the LLM input the
+    provider's cache served over all of them, and the evidence characters not sent again per task."""
+    base = {"steps": 1, "retrieval_calls": 0, "rerank_calls": 0, "context_tokens": 0, "cost_usd": 0.0,
+            "cache_hits": 0, "duration_ms": 10, "outcome": None}
+    recs = [{**base, "context": {"input_tokens": 1000, "cached_input_tokens": 900, "evidence_chars_saved": 300}},
+            {**base, "context": {"input_tokens": 1000, "cached_input_tokens": 100, "evidence_chars_saved": 0}},
+            {**base}]
+    row = report.overall(recs)
+    assert row.cached_input_share == pytest.approx(0.5)
+    assert row.evidence_chars_saved == pytest.approx(100)
+    assert report.overall([base]).cached_input_share is None
+    assert "cached input" in report.format_rows([row]).splitlines()[0]

@@ -1,0 +1,198 @@
+"""Context stage: make an LLM call's prompt cheaper without taking anything from the model
+(proxy/core/context.py does the rewriting; this stage applies the route's `context:` policy).
+
+On an OpenAI-style route it sets a stable `prompt_cache_key` when the client set none; on an
+Anthropic route it adds `cache_control` breakpoints where the stable prefix ends; on both, a chunk
+a tool result repeats from earlier in the same conversation is sent as a reference to that
+earlier copy. It runs before the budget, which then charges the prompt as it will be sent.
+
+Per task (process-local, like the evidence stage's landfill count; dropped when the task ends)
+it adds up the upstream's input usage, so the task record says what share of the input the
+provider served from its cache and how much evidence was not sent again. It never answers or
+fails a call: a body it cannot read goes on as it came.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+from ragtoll.instrumentation import semconv as sc
+
+from ..config import CACHE_KEY_HOSTS, ContextRoute, Settings
+from ..core import context
+from ..request.exchange import Exchange, Stage, contract
+
+MAX_TASKS = 10_000
+DEPTH_HEADER = b"x-ragtoll-depth"
+_LLM = frozenset({"chat", "text_completion"})
+
+
+@dataclass(slots=True)
+class Tally:
+    """One task's context numbers (the `context` part of its record)."""
+
+    llm_calls: int = 0
+    input_tokens: int = 0  # as the upstream reported them (uncached + cache reads + cache writes)
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_keys_set: int = 0
+    breakpoints_added: int = 0
+    chunks_referenced: int = 0
+    evidence_chars_saved: int = 0
+    results_trimmed: int = 0  # retrieval results adaptive depth did not pass on
+
+    def record(self) -> dict[str, Any]:
+        share = round(self.cached_input_tokens / self.input_tokens, 4) if self.input_tokens else None
+        return {"llm_calls": self.llm_calls, "input_tokens": self.input_tokens,
+                "cached_input_tokens": self.cached_input_tokens, "cache_write_tokens": self.cache_write_tokens,
+                "cached_input_share": share, "cache_keys_set": self.cache_keys_set,
+                "breakpoints_added": self.breakpoints_added, "chunks_referenced": self.chunks_referenced,
+                "evidence_chars_saved": self.evidence_chars_saved, "results_trimmed": self.results_trimmed}
+
+
+def _policy_key(settings: Settings, policy: ContextRoute, url: str) -> str:
+    mode = policy.prompt_cache_key or "off"
+    if mode == "auto":
+        return "task" if (urlsplit(url).hostname or "") in CACHE_KEY_HOSTS else "off"
+    return mode
+
+
+class ContextStage(Stage):
+    contract = contract(reads="route method target headers call body task caller span", writes="body call",
+                        # adaptive depth also narrows `observation.chunks` to the results passed on, for
+                        # the stages after it (budget, evidence); the cache before it files the whole
+                        # answer on purpose (a cache hit is passed on whole: no trimming on hits)
+                        response_reads="route call observation response_body task span",
+                        response_writes="response_body response_headers",
+                        end_reads="task status call observation span")
+
+    def __init__(self, settings: Settings) -> None:
+        self.policies = {u.name: settings.context.for_route(u.name) for u in settings.upstreams}
+        self.keys = {u.name: _policy_key(settings, self.policies[u.name], u.url) for u in settings.upstreams}
+        self._tasks: OrderedDict[str, Tally] = OrderedDict()
+
+    async def on_request(self, ex: Exchange) -> None:
+        api = ex.route.upstream.api
+        if ex.call.operation not in _LLM or not ex.body or api not in ("openai", "anthropic"):
+            return
+        name = ex.route.upstream.name
+        policy = self.policies[name]
+        # chat completions and Responses take prompt_cache_key; legacy completions are left alone
+        key_mode = self.keys[name] if api == "openai" and ex.call.operation == "chat" else "off"
+        marks = api == "anthropic" and bool(policy.breakpoints)
+        if key_mode == "off" and not marks and not policy.evidence_once:
+            return
+        started = time.perf_counter()
+        rewrite = self.rewrite(ex, api, key_mode, marks, policy)
+        if rewrite is None:
+            return
+        if rewrite.chunks_referenced:  # what the budget charges and the landfill counts: the prompt as sent
+            ex.call = ex.route.adapter.parse_request(ex.method, ex.target.split("?", 1)[0], ex.headers, ex.body)
+        tally = self._task(ex.task.id) if ex.task is not None else None
+        if tally is not None:
+            tally.cache_keys_set += rewrite.cache_key is not None
+            tally.breakpoints_added += rewrite.breakpoints_added
+            tally.chunks_referenced += rewrite.chunks_referenced
+            tally.evidence_chars_saved += rewrite.chars_saved
+        if ex.span is not None:
+            attrs: dict[str, Any] = {sc.CONTEXT_REWRITE_US: round((time.perf_counter() - started) * 1e6, 1)}
+            if rewrite.cache_key is not None:
+                attrs[sc.CONTEXT_CACHE_KEY] = key_mode
+            if api == "anthropic":
+                attrs[sc.CONTEXT_BREAKPOINTS_ADDED] = rewrite.breakpoints_added
+                attrs[sc.CONTEXT_BREAKPOINTS_CLIENT] = rewrite.breakpoints_client
+            if rewrite.chunks_referenced:
+                attrs[sc.CONTEXT_CHUNKS_REFERENCED] = rewrite.chunks_referenced
+                attrs[sc.CONTEXT_CHARS_SAVED] = rewrite.chars_saved
+            ex.span.set_attributes(attrs)
+        return
+
+    def rewrite(self, ex: Exchange, api: str, key_mode: str, marks: bool, policy: ContextRoute) -> context.Rewrite | None:
+        """Rewrite `ex.body` in place; the rewrite's account, or None when the body is not a JSON object."""
+        try:
+            doc = orjson.loads(ex.body or b"")
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(doc, dict):
+            return None
+        rewrite = context.Rewrite()
+        min_chars = policy.min_chunk_chars or 200
+        if api == "openai":
+            if policy.evidence_once:
+                context.openai_evidence_once(doc, rewrite, min_chars)
+            if key_mode != "off":
+                key = context.cache_key(key_mode, task_id=ex.task.id if ex.task else "",
+                                        caller_id=ex.caller.id if ex.caller else "", system=context.openai_system(doc))
+                if context.set_cache_key(doc, key):
+                    rewrite.cache_key = key
+        else:
+            if policy.evidence_once:
+                context.anthropic_evidence_once(doc, rewrite, min_chars)
+            if marks:
+                rewrite.breakpoints_added, rewrite.breakpoints_client = context.add_breakpoints(doc, ex.call.model)
+        if rewrite.changed:
+            ex.body = orjson.dumps(doc)
+        return rewrite
+
+    async def on_response(self, ex: Exchange) -> None:
+        """Adaptive depth: a retrieval answer read whole loses the results past its largest score
+        drop or under the floor; `x-ragtoll-depth` and the span say what was cut."""
+        chunks = ex.observation.chunks
+        policy = self.policies.get(ex.route.upstream.name)
+        trim = getattr(ex.route.adapter, "keep_results", None)
+        if (policy is None or not policy.depth or ex.call.operation != "retrieval" or not chunks
+                or ex.response_body is None or trim is None):
+            return
+        keep, reason = context.depth([c.score for c in chunks], gap=policy.depth_gap or 0.0,
+                                     floor=policy.depth_floor or 0.0)
+        if keep >= len(chunks):
+            return
+        body = trim(ex.response_body, keep)
+        if body is None:
+            return
+        ex.response_body = body
+        ex.observation.chunks = chunks[:keep]
+        ex.response_headers.append((DEPTH_HEADER, f"kept={keep}, returned={len(chunks)}, reason={reason}".encode()))
+        if ex.task is not None:
+            self._task(ex.task.id).results_trimmed += len(chunks) - keep
+        if ex.span is not None:
+            ex.span.set_attributes({sc.CONTEXT_DEPTH_KEPT: keep, sc.CONTEXT_DEPTH_RETURNED: len(chunks),
+                                    sc.CONTEXT_DEPTH_REASON: reason})
+
+    async def on_end(self, ex: Exchange) -> None:
+        if ex.task is None or ex.status != 200 or ex.call.operation not in _LLM:
+            return
+        u = ex.observation.usage
+        if u is None or not u.input_tokens:
+            return
+        tally = self._task(ex.task.id)
+        tally.llm_calls += 1
+        tally.input_tokens += u.input_tokens
+        tally.cached_input_tokens += u.cached_input_tokens or 0
+        tally.cache_write_tokens += u.cache_write_tokens or 0
+        if ex.span is not None:
+            ex.span.set_attribute(sc.CONTEXT_CACHED_SHARE, round((u.cached_input_tokens or 0) / u.input_tokens, 4))
+
+    def annotate(self, record: dict[str, Any]) -> None:
+        """A task ended: its record gets the task's `context` numbers (before it is written)."""
+        tally = self._tasks.get(str(record.get("task_id")))
+        if tally is not None:
+            record["context"] = tally.record()
+
+    def on_task_end(self, task_id: str) -> None:
+        self._tasks.pop(task_id, None)
+
+    def _task(self, task_id: str) -> Tally:
+        tally = self._tasks.get(task_id)
+        if tally is None:
+            tally = self._tasks[task_id] = Tally()
+            while len(self._tasks) > MAX_TASKS:
+                self._tasks.popitem(last=False)
+        else:
+            self._tasks.move_to_end(task_id)
+        return tally

@@ -119,6 +119,10 @@ class ServerConfig:
     header_timeout_s: float = 10.0  # the whole request head, from the first byte (or an idle keep-alive)
     body_timeout_s: float = 30.0  # the whole request body, from the head; slower gets 408
     max_connections: int = 1024  # client connections served at once; more wait in the listen backlog
+    # The connections one client address may hold outside a request (silent, mid-head, idle
+    # keep-alive); past it the surplus is closed within 0.25 s (proxy/gate.py). None: a quarter of
+    # max_connections. A request in flight is never cut.
+    max_connections_per_address: int | None = None
     # The most of one response ragtoll decodes to read it (a buffered retrieval body, the SSE it
     # observes): past it, the rest passes through unread and the span says so.
     max_inspect_bytes: int = DEFAULT_MAX_INSPECT_BYTES
@@ -138,6 +142,10 @@ class ServerConfig:
         _positive_s(f"{where}.body_timeout_s", self.body_timeout_s, " (default 30)")
         if self.max_connections < 1:
             _bad(f"{where}.max_connections", self.max_connections, "at least 1 (default 1024)")
+        per_address = self.max_connections_per_address
+        if per_address is not None and not 1 <= per_address <= self.max_connections:
+            _bad(f"{where}.max_connections_per_address", per_address,
+                 f"between 1 and {where}.max_connections ({self.max_connections}); default a quarter of it")
         if not _finite(self.shutdown_grace_s) or not 0 <= self.shutdown_grace_s <= 3600:
             _bad(f"{where}.shutdown_grace_s", self.shutdown_grace_s, "seconds between 0 and 3600 (default 20)")
         if self.max_inspect_bytes < 64 * 1024:

@@ -5,8 +5,9 @@ closes a connection whose request head has not fully arrived within `server.head
 (uvicorn's only timer is the keep-alive one, which every received byte resets), drops the trailers
 of a chunked request instead of adding them to the request's headers, answers a head that carries
 both Content-Length and Transfer-Encoding by the chunked framing and closes the connection, and its
-`backpressure` bounds the connections served at once (the rest wait in the listen backlog). The
-body read timeout is the app's (app.py), since only it knows when a body is still wanted.
+`backpressure` bounds the connections served at once (the rest wait in the listen backlog). What
+granian has no setting for, one address's share of those connections, gate.py keeps at the socket.
+The body read timeout is the app's (app.py), since only it knows when a body is still wanted.
 Measured against uvicorn in bench/bench_proxy.py (README "Performance").
 """
 
@@ -28,6 +29,7 @@ from granian.http import HTTP1Settings
 from granian.server.embed import Server
 
 from .config import ServerConfig
+from .gate import ConnectionGate, share_of
 
 # Granian logs "Embedded server is experimental!" on every start; ragtoll pins the release it
 # is tested with (pyproject) and says what it serves with itself.
@@ -82,7 +84,8 @@ async def serve(app: Any, cfg: ServerConfig, *, on_signal: Callable[[], None] | 
     """Serve `app` until SIGTERM or SIGINT. `on_signal` runs first (the app stops taking new calls).
     OSError if the address cannot be listened on (nothing is started then)."""
     check_bindable(cfg.host, cfg.port)
-    server = make_server(app, cfg, interface=interface)
+    gate = ConnectionGate(cfg.port, share_of(cfg.max_connections, cfg.max_connections_per_address))
+    server = make_server(gate.watch(app), cfg, interface=interface)
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
@@ -93,7 +96,8 @@ async def serve(app: Any, cfg: ServerConfig, *, on_signal: Callable[[], None] | 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
     try:
-        await server.serve()
+        async with gate.running():
+            await server.serve()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -130,6 +130,8 @@ PROGRESS_PREFIX = "ragtoll.progress."  # the verdict on a retrieval: fruitful, r
 EVIDENCE_PROMPT_TOKENS = "ragtoll.evidence.prompt_tokens"  # prompt tokens that are retrieved evidence
 EVIDENCE_DUPLICATE_TOKENS = "ragtoll.evidence.duplicate_tokens"  # ... already sent in an earlier prompt
 QUERY_NEW = "ragtoll.query.new"
+# the length of a query past server.max_query_chars: keyed by hash, never read further
+QUERY_OVERSIZED = "ragtoll.query.oversized_chars"
 PARSE_ERROR = "ragtoll.parse_error"
 RESPONSE_UNREAD = "ragtoll.response.unread"  # why ragtoll stopped reading a response (it passed on unread)
 DEGRADED = "ragtoll.degraded"

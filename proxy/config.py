@@ -30,7 +30,7 @@ KINDS = ("llm", "embeddings", "retrieval", "rerank", "other")
 DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_INSPECT_BYTES = 8 * 1024 * 1024
-DEFAULT_MAX_INSPECT_TOTAL_BYTES = 256 * 1024 * 1024
+DEFAULT_MAX_INSPECT_TOTAL_BYTES = 128 * 1024 * 1024
 # The JSONL task-record sink rotates its file past this size and keeps this many rotated files.
 DEFAULT_RECORDS_MAX_BYTES = 16 * 1024 * 1024
 DEFAULT_RECORDS_KEEP = 3
@@ -161,7 +161,7 @@ class ServerConfig:
         if self.max_inspect_total_bytes < max(self.max_inspect_bytes, self.max_body_bytes):
             _bad(f"{where}.max_inspect_total_bytes", self.max_inspect_total_bytes,
                  f"at least {where}.max_inspect_bytes and {where}.max_body_bytes "
-                 f"({max(self.max_inspect_bytes, self.max_body_bytes)}); default 268435456")
+                 f"({max(self.max_inspect_bytes, self.max_body_bytes)}); default 134217728")
         if not 64 <= self.max_query_chars <= 65536:
             _bad(f"{where}.max_query_chars", self.max_query_chars, "between 64 and 65536 characters (default 4096)")
         if not 1024 <= self.max_event_bytes <= self.max_inspect_bytes:

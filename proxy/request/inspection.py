@@ -85,10 +85,10 @@ class Inspector:
         """The response ended; the observer finishes unless reading stopped early."""
         if self._decode is not None:
             self.observer.feed(b"", True)
-        self.held.release()
 
     def release(self) -> None:
-        """Give back what this response holds of the process-wide bound (however it ended)."""
+        """Give back what this response holds of the process-wide bound, once the call is done with
+        it (what the observer read, the answer's chunks, lives as long as the call)."""
         self.held.release()
 
     def _event_too_long(self, plain: bytes) -> bool:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import threading
 
+from .offload import TRIM_EVERY, trim_soon
+
 
 class InspectBytes:
     """A counter of bytes held for inspection, never above `limit`."""
@@ -30,6 +32,7 @@ class InspectBytes:
         self.peak = 0  # the most held at once (for tests and the benchmark)
         self.refused = 0  # takes refused so far
         self._lock = threading.Lock()
+        self._given = 0  # bytes given back since the process last trimmed its heap
 
     def take(self, n: int) -> bool:
         """Hold `n` more bytes if that stays within the limit; False (nothing held) otherwise."""
@@ -45,6 +48,12 @@ class InspectBytes:
         """Give back `n` bytes taken earlier."""
         with self._lock:
             self.held -= n
+            self._given += n
+            trim = self.held == 0 and self._given >= TRIM_EVERY
+            if trim:
+                self._given = 0
+        if trim:  # everything read is let go of: the memory it took goes back to the system
+            trim_soon()
 
 
 class Held:

@@ -8,7 +8,7 @@ both Content-Length and Transfer-Encoding by the chunked framing and closes the 
 `backpressure` bounds the connections served at once (the rest wait in the listen backlog). What
 granian has no setting for, one address's share of those connections, gate.py keeps at the socket.
 The body read timeout is the app's (app.py), since only it knows when a body is still wanted.
-Measured against uvicorn in bench/bench_proxy.py (README "Performance").
+Measured against uvicorn in bench/bench_proxy.py (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -315,6 +315,6 @@ async def _send_error(send: Send, error: RagtollError, style: str, extra: list[t
     if isinstance(error, Rejected):
         # A local refusal is final: the OpenAI and Anthropic SDKs would otherwise retry it.
         headers.append((b"x-should-retry", b"false"))
-    if isinstance(error, RequestTimeout | BodyTooLarge):  # the body was not read to its end: no reuse
+    if isinstance(error, RequestTimeout | BodyTooLarge | Overloaded):  # the body was not read to its end: no reuse
         headers.append((b"connection", b"close"))
     await _send_reply(send, Reply(error.status, render(error, style=style), headers), extra)

@@ -144,6 +144,8 @@ CONTEXT_DEPTH_RETURNED = "ragtoll.context.depth.returned"  # ... of those the so
 CONTEXT_DEPTH_REASON = "ragtoll.context.depth.reason"  # gap | floor
 CONTEXT_CACHED_SHARE = "ragtoll.context.cached_input_share"  # cache reads / input tokens (upstream usage)
 QUERY_NEW = "ragtoll.query.new"
+# the length of a query past server.max_query_chars: keyed by hash, never read further
+QUERY_OVERSIZED = "ragtoll.query.oversized_chars"
 PARSE_ERROR = "ragtoll.parse_error"
 RESPONSE_UNREAD = "ragtoll.response.unread"  # why ragtoll stopped reading a response (it passed on unread)
 DEGRADED = "ragtoll.degraded"

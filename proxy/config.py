@@ -30,6 +30,7 @@ KINDS = ("llm", "embeddings", "retrieval", "rerank", "other")
 DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_INSPECT_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_INSPECT_TOTAL_BYTES = 128 * 1024 * 1024
 # The JSONL task-record sink rotates its file past this size and keeps this many rotated files.
 DEFAULT_RECORDS_MAX_BYTES = 16 * 1024 * 1024
 DEFAULT_RECORDS_KEEP = 3
@@ -119,10 +120,21 @@ class ServerConfig:
     header_timeout_s: float = 10.0  # the whole request head, from the first byte (or an idle keep-alive)
     body_timeout_s: float = 30.0  # the whole request body, from the head; slower gets 408
     max_connections: int = 1024  # client connections served at once; more wait in the listen backlog
+    # The connections one client address may hold outside a request (silent, mid-head, idle
+    # keep-alive); past it the surplus is closed within 0.25 s (proxy/gate.py). None: a quarter of
+    # max_connections. A request in flight is never cut.
+    max_connections_per_address: int | None = None
     # The most of one response ragtoll decodes to read it (a buffered retrieval body, the SSE it
     # observes): past it, the rest passes through unread and the span says so.
     max_inspect_bytes: int = DEFAULT_MAX_INSPECT_BYTES
     max_event_bytes: int = 1024 * 1024  # one SSE event; a longer one ends the stream's observation
+    # Bytes the whole process holds for inspection at once (request bodies read whole, answers and
+    # their decoded copies): past it a request body gets 503 `overloaded`, an answer passes through
+    # unread (the span says why; budgets charge its whole reservation). proxy/request/buffers.py.
+    max_inspect_total_bytes: int = DEFAULT_MAX_INSPECT_TOTAL_BYTES
+    # A retrieval or rerank query longer than this (characters) is keyed by a hash of its raw text
+    # and never normalised, tokenised, embedded, compared or cached (proxy/request/pipeline.py).
+    max_query_chars: int = 4096
     # On SIGTERM: calls in flight get this long to finish before ragtoll ends its tasks and exits
     # (keep it under the pod's terminationGracePeriodSeconds).
     shutdown_grace_s: float = 20.0
@@ -138,10 +150,20 @@ class ServerConfig:
         _positive_s(f"{where}.body_timeout_s", self.body_timeout_s, " (default 30)")
         if self.max_connections < 1:
             _bad(f"{where}.max_connections", self.max_connections, "at least 1 (default 1024)")
+        per_address = self.max_connections_per_address
+        if per_address is not None and not 1 <= per_address <= self.max_connections:
+            _bad(f"{where}.max_connections_per_address", per_address,
+                 f"between 1 and {where}.max_connections ({self.max_connections}); default a quarter of it")
         if not _finite(self.shutdown_grace_s) or not 0 <= self.shutdown_grace_s <= 3600:
             _bad(f"{where}.shutdown_grace_s", self.shutdown_grace_s, "seconds between 0 and 3600 (default 20)")
         if self.max_inspect_bytes < 64 * 1024:
             _bad(f"{where}.max_inspect_bytes", self.max_inspect_bytes, "at least 65536 (default 8388608)")
+        if self.max_inspect_total_bytes < max(self.max_inspect_bytes, self.max_body_bytes):
+            _bad(f"{where}.max_inspect_total_bytes", self.max_inspect_total_bytes,
+                 f"at least {where}.max_inspect_bytes and {where}.max_body_bytes "
+                 f"({max(self.max_inspect_bytes, self.max_body_bytes)}); default 134217728")
+        if not 64 <= self.max_query_chars <= 65536:
+            _bad(f"{where}.max_query_chars", self.max_query_chars, "between 64 and 65536 characters (default 4096)")
         if not 1024 <= self.max_event_bytes <= self.max_inspect_bytes:
             _bad(f"{where}.max_event_bytes", self.max_event_bytes,
                  f"between 1024 and {where}.max_inspect_bytes ({self.max_inspect_bytes}); default 1048576")

@@ -15,7 +15,8 @@
      │    ├── UpstreamTimeout        504
      │    └── UpstreamUnavailable    502 (refused, reset, protocol garbage)
      ├── StoreUnavailable            the budget store could not answer in time (503 when closed)
-     └── ShuttingDown                the process is draining after SIGTERM (503)
+     ├── ShuttingDown                the process is draining after SIGTERM (503)
+     └── Overloaded                  the process holds `server.max_inspect_total_bytes` already (503)
 
 This module imports nothing from the rest of ragtoll.
 """
@@ -139,6 +140,15 @@ class StoreUnavailable(RagtollError):
 class ShuttingDown(RagtollError):
     status = 503
     code = "shutting_down"
+    type = "server_error"
+
+
+class Overloaded(RagtollError):
+    """A body ragtoll must read whole would take the process past its bound on bytes held for
+    inspection: the client may retry (503, Retry-After)."""
+
+    status = 503
+    code = "overloaded"
     type = "server_error"
 
 

@@ -5,8 +5,9 @@ closes a connection whose request head has not fully arrived within `server.head
 (uvicorn's only timer is the keep-alive one, which every received byte resets), drops the trailers
 of a chunked request instead of adding them to the request's headers, answers a head that carries
 both Content-Length and Transfer-Encoding by the chunked framing and closes the connection, and its
-`backpressure` bounds the connections served at once (the rest wait in the listen backlog). The
-body read timeout is the app's (app.py), since only it knows when a body is still wanted.
+`backpressure` bounds the connections served at once (the rest wait in the listen backlog). What
+granian has no setting for, one address's share of those connections, gate.py keeps at the socket.
+The body read timeout is the app's (app.py), since only it knows when a body is still wanted.
 Measured against uvicorn in bench/bench_proxy.py (docs/performance.md).
 """
 
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
+import ctypes.util
 import logging
 import resource
 import signal
@@ -28,6 +31,7 @@ from granian.http import HTTP1Settings
 from granian.server.embed import Server
 
 from .config import ServerConfig
+from .gate import ConnectionGate, share_of
 
 # Granian logs "Embedded server is experimental!" on every start; ragtoll pins the release it
 # is tested with (pyproject) and says what it serves with itself.
@@ -68,6 +72,24 @@ def raise_open_files_limit(needed: int) -> int:
     return int(soft)
 
 
+_M_MMAP_THRESHOLD = -3  # glibc mallopt(3)
+_MMAP_FROM = 256 * 1024
+
+
+def return_big_buffers() -> bool:
+    """Have glibc serve every allocation of 256 KB or more by mmap, so a big body's memory goes back
+    to the system when it is freed; True if set. By default glibc raises that threshold up to 32 MB
+    after the first big free, and 7 MB answers then came from the heap and kept it grown (issue 30:
+    863 MB held after 100 of them had ended). A no-op off glibc."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        return bool(ctypes.CDLL(name).mallopt(_M_MMAP_THRESHOLD, _MMAP_FROM))
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+
+
 def check_bindable(host: str, port: int) -> None:
     """Raise OSError (its strerror says why) if `host:port` cannot be listened on: granian reports a
     taken port as a RuntimeError from its socket layer, so ragtoll asks the OS first."""
@@ -82,7 +104,9 @@ async def serve(app: Any, cfg: ServerConfig, *, on_signal: Callable[[], None] | 
     """Serve `app` until SIGTERM or SIGINT. `on_signal` runs first (the app stops taking new calls).
     OSError if the address cannot be listened on (nothing is started then)."""
     check_bindable(cfg.host, cfg.port)
-    server = make_server(app, cfg, interface=interface)
+    return_big_buffers()
+    gate = ConnectionGate(cfg.port, share_of(cfg.max_connections, cfg.max_connections_per_address))
+    server = make_server(gate.watch(app), cfg, interface=interface)
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
@@ -93,7 +117,8 @@ async def serve(app: Any, cfg: ServerConfig, *, on_signal: Callable[[], None] | 
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
     try:
-        await server.serve()
+        async with gate.running():
+            await server.serve()
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

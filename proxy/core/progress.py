@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from itertools import pairwise
 
 import orjson
+import xxhash
 
 from ..model import Chunk
 from .evidence_track import chunk_key, fingerprint
@@ -55,6 +56,8 @@ RERANK_NEW = "new_documents"
 RERANK_SEEN = "documents_already_ranked"
 
 MAX_QUERIES = 32  # earlier queries a task keeps for the similarity check (the most recent)
+MAX_QUERY_WORDS = 64  # content words kept of each (the first, in order): a long query costs no more
+SHOWN_CHARS = 200  # of each earlier query's text, kept to name it (`similar_to`)
 MAX_EVIDENCE_WORDS = 2048  # content words of a task's evidence for its question kept (the first ones)
 FOR_QUESTION = 0.5  # share of a query's content words the question and its evidence must hold
 MAX_EVIDENCE_TEXTS = 48  # top results of a task's evidence kept to read (when a query needs their words)
@@ -145,12 +148,36 @@ def _most_similar(query: str, earlier: Iterable[tuple[str, frozenset[str]]],
                   mine: frozenset[str] | None = None) -> tuple[float, str | None]:
     mine = features(query).content if mine is None else mine
     own = normalize(query)
-    best, which = 0.0, None
-    for q, words in earlier:
-        s = 1.0 if normalize(q) == own else content_overlap(mine, words) if mine else 0.0
-        if s > best:
-            best, which = s, q
+    best, which, _ = _closest(own, ((q, normalize(q), words) for q, words in earlier), mine)
     return best, which
+
+
+def _closest(own: str, earlier: Iterable[tuple[str, str, frozenset[str]]],
+             mine: frozenset[str]) -> tuple[float, str | None, bool]:
+    """(similarity, shown text, the same query) of the earlier (shown, normalised form or its hash,
+    words) most like this query (`own`: its normalised form or hash, `mine`: its words)."""
+    best, which = 0.0, None
+    for shown, norm, words in earlier:
+        if norm == own:
+            return 1.0, shown, True
+        s = content_overlap(mine, words) if mine else 0.0
+        if s > best:
+            best, which = s, shown
+    return best, which, False
+
+
+def _query_words(query: str) -> frozenset[str]:
+    """The first MAX_QUERY_WORDS content words of `query`, in the order they appear."""
+    content = features(query).content
+    if len(content) <= MAX_QUERY_WORDS:
+        return frozenset(content)
+    kept: list[str] = []
+    for word in normalize(query).split():
+        if word in content and word not in kept:
+            kept.append(word)
+            if len(kept) == MAX_QUERY_WORDS:
+                break
+    return frozenset(kept or list(content)[:MAX_QUERY_WORDS])
 
 
 class _Task:
@@ -159,7 +186,8 @@ class _Task:
     __slots__ = ("asked", "evidence", "queries", "question")
 
     def __init__(self, asked: str | None = None) -> None:
-        self.queries: deque[tuple[str, frozenset[str]]] = deque(maxlen=MAX_QUERIES)
+        # (shown text, normalised form's hash, content words) of the last MAX_QUERIES queries
+        self.queries: deque[tuple[str, str, frozenset[str]]] = deque(maxlen=MAX_QUERIES)
         self.asked = asked  # the task's question as first seen, read into `question` when a search needs it
         # the task's question and its evidence's content words (None: no question known yet)
         self.question: set[str] | None = None
@@ -188,8 +216,12 @@ class _Task:
 class RecentQueries:
     """Each task's last MAX_QUERIES retrieval queries with their content words, for the rewording
     check, and the content words of its question and of the evidence found for it; at most
-    `max_tasks` tasks (least recently used dropped). Kept per process: on several replicas a
-    task's queries are judged against those its replica saw."""
+    `max_tasks` tasks (least recently used dropped), each forgotten when its task ends. Kept per
+    process: on several replicas a task's queries are judged against those its replica saw.
+
+    Bounded per task whatever it sends: of each query SHOWN_CHARS of text, a 16-byte hash and
+    MAX_QUERY_WORDS words; of its question MAX_EVIDENCE_WORDS words; MAX_EVIDENCE_TEXTS texts of
+    2 KB. A query past `server.max_query_chars` never gets here (the pipeline keys it by hash)."""
 
     def __init__(self, max_tasks: int = 10_000) -> None:
         self._tasks: OrderedDict[str, _Task] = OrderedDict()
@@ -215,13 +247,16 @@ class RecentQueries:
         top results' words when it brought evidence for the question."""
         task = self._tasks.get(task_id)
         earlier = task.queries if task is not None else None
-        words = frozenset(features(query).content) if query else frozenset()
-        sim = _most_similar(query, earlier, words) if query and earlier else (0.0, None)
+        words = _query_words(query) if query else frozenset()
+        own = xxhash.xxh3_128_hexdigest(normalize(query).encode("utf-8", "surrogatepass")) if query else ""
+        best, which, same = _closest(own, earlier, words) if query and earlier else (0.0, None, False)
+        # the same query again is named by itself, so judge_retrieval sees a repeat however long it is
+        sim = (best, query if same else which)
         verdict = judge_retrieval(chunks, seen, query, sim, rules.lexical_similarity, rules)
         if not query:
             return verdict
         task = self._task(task_id)
-        task.queries.append((query, words))
+        task.queries.append((query[:SHOWN_CHARS], own, words))
         question = task.words()
         if question is None:  # the task's first search names its question
             question = task.question = set(words)

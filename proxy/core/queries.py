@@ -76,3 +76,19 @@ def query_key(route: str, text: str | None, vector: list[float] | None, filters:
     h.update(b"\x00f\x00")
     h.update(filters_json(filters))
     return h.hexdigest()
+
+
+def oversized_key(route: str, text: str, vector: list[float] | None, filters: Any) -> str:
+    """xxh3-128 hex key of a query too long to read (past `server.max_query_chars`): its raw text,
+    hashed as sent (never normalised: linear in the text, and two spellings stay two queries, a
+    key never looser than the upstream), with the route, vector and filters as `query_key` has them."""
+    h = xxhash.xxh3_128()
+    h.update(route.encode("utf-8", "surrogatepass"))
+    h.update(b"\x00raw\x00")
+    h.update(text.encode("utf-8", "surrogatepass"))
+    if vector is not None:
+        h.update(b"\x00v\x00")
+        h.update(struct.pack(f"<{len(vector)}d", *vector))
+    h.update(b"\x00f\x00")
+    h.update(filters_json(filters))
+    return h.hexdigest()

@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
-from ..errors import BodyTooLarge, RequestTimeout
+from ..errors import BodyTooLarge, Overloaded, RequestTimeout
+from .buffers import Held
 from .exchange import Exchange
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -25,17 +26,20 @@ class RequestBody:
     and while anything holds the channel the server keeps the client's connection open.
     """
 
-    def __init__(self, receive: Receive, headers: dict[str, str], limit: int, deadline: float) -> None:
+    def __init__(self, receive: Receive, headers: dict[str, str], limit: int, deadline: float,
+                 held: Held | None = None) -> None:
         self._receive: Receive | None = receive
         self._headers = headers
         self._limit = limit
         self._deadline = deadline
+        self._held = held or Held(None)  # a body read whole is held against the process-wide bound
 
     def release(self) -> None:
         self._receive = None
+        self._held.release()
 
     async def read(self) -> bytes:
-        """The whole body."""
+        """The whole body; Overloaded (503) when holding it would pass `server.max_inspect_total_bytes`."""
         self.check_declared_length()
         parts: list[bytes] = []
         size = 0
@@ -44,6 +48,10 @@ class RequestBody:
             chunk = message.get("body", b"")
             size += len(chunk)
             self._check_size(size)
+            if not self._held.take(len(chunk)):
+                limit = self._held.pool.limit if self._held.pool is not None else 0
+                raise Overloaded(f"ragtoll holds server.max_inspect_total_bytes ({limit} bytes) of bodies for "
+                                 "inspection already; retry shortly", limit=limit)
             parts.append(chunk)
             if not message.get("more_body", False):
                 return parts[0] if len(parts) == 1 else b"".join(parts)

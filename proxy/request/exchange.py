@@ -76,6 +76,7 @@ class Exchange:
     response_headers: list[tuple[bytes, bytes]] = field(default_factory=list)  # every stage may append
     # an untracked LLM call's conversation (core/conversation.Thread; request/conversation.py), else None
     thread: Any = None
+    oversized_query: int = 0  # the length of a query past server.max_query_chars (then call.query is None)
     # set by the pipeline and the forwarder as the answer arrives (RESPONSE_FIELDS)
     observation: Observation = field(default_factory=Observation)
     status: int | None = None
@@ -115,7 +116,8 @@ class Exchange:
 # Fields the pipeline sets before the first stage's `on_request`, and those it and the forwarder
 # set as the answer arrives (readable from `on_chunk`/`on_response` on).
 PIPELINE_FIELDS = frozenset({"route", "method", "target", "headers", "raw_headers", "client", "started", "task",
-                             "caller", "call", "body", "request_body", "span", "timeouts", "response_headers", "thread"})
+                             "caller", "call", "body", "request_body", "span", "timeouts", "response_headers", "thread",
+                             "oversized_query"})
 RESPONSE_FIELDS = frozenset({"observation", "status", "error", "outcome", "upstream_seconds", "bytes_out",
                              "headers_sent", "complete", "body_error", "watcher", "response_body"})
 FIELDS = frozenset(f.name for f in dataclasses.fields(Exchange))

@@ -15,8 +15,10 @@ from typing import Any
 from opentelemetry import trace
 
 from ..errors import BadRequest
+from .buffers import Held, InspectBytes
 from .exchange import Exchange, Reply, Stage
 from .inspection import Inspector
+from .offload import off_loop_if_big
 from .upstream import UpstreamClient, UpstreamResponse
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -51,10 +53,12 @@ def upstream_headers(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]
 
 class Forwarder:
     def __init__(self, client: UpstreamClient, stages: list[Stage], *, max_inspect_bytes: int,
-                 max_event_bytes: int, on_answered: Callable[[Exchange], Awaitable[None]] | None = None) -> None:
+                 max_event_bytes: int, pool: InspectBytes | None = None,
+                 on_answered: Callable[[Exchange], Awaitable[None]] | None = None) -> None:
         """`on_answered`: awaited once the whole answer was read, before its last bytes go to the
         client (what the client's next call depends on is filed by then: request/conversation.py)."""
         self.client = client
+        self.pool = pool  # the process-wide bound on bytes held for inspection
         self._on_answered = on_answered
         # the phases the pipeline calls per chunk and per read-whole answer: only stages that have them
         self._chunk_stages = [s for s in stages if type(s).on_chunk is not Stage.on_chunk]
@@ -81,12 +85,17 @@ class Forwarder:
             ex.observation = observer.observation
             inspector = Inspector(observer, content_encoding=response.headers.get("content-encoding", ""),
                                   content_type=response.headers.get("content-type", ""),
-                                  max_bytes=self._max_inspect, max_event_bytes=self._max_event)
+                                  max_bytes=self._max_inspect, max_event_bytes=self._max_event, pool=self.pool)
             headers = [(k, v) for k, v in response.raw_headers if k.lower() not in HOP_BY_HOP]
-            if inspector.unread is None and self._read_whole(ex, response):
-                await self._send_whole(ex, response, inspector, headers, send)
-            else:
-                await self._stream(ex, response, inspector, headers, send)
+            whole = Held(self.pool)
+            try:
+                if inspector.unread is None and self._read_whole(ex, response, whole):
+                    await self._send_whole(ex, response, inspector, headers, send)
+                else:
+                    await self._stream(ex, response, inspector, headers, send)
+            finally:
+                whole.release()
+                inspector.release()
         finally:
             ex.upstream_seconds = time.perf_counter() - t0
             await response.aclose()
@@ -126,9 +135,11 @@ class Forwarder:
         observer = ex.route.adapter.observer(ex.call, reply.status, {"content-type": reply.content_type.decode()})
         ex.observation = observer.observation
         inspector = Inspector(observer, content_encoding="", content_type=reply.content_type.decode(),
-                              max_bytes=self._max_inspect, max_event_bytes=self._max_event)
-        plain = inspector.feed(reply.body)
-        inspector.end()
+                              max_bytes=self._max_inspect, max_event_bytes=self._max_event, pool=self.pool)
+        try:
+            plain = await _read(inspector, reply.body)
+        finally:
+            inspector.release()
         if plain is not None:
             self._chunk(ex, plain)
         if self._response_stages and ex.call.operation == "retrieval" and reply.status == 200:
@@ -155,7 +166,7 @@ class Forwarder:
                 return cut
         return None
 
-    def _read_whole(self, ex: Exchange, response: UpstreamResponse) -> bool:
+    def _read_whole(self, ex: Exchange, response: UpstreamResponse, whole: Held) -> bool:
         # A small answer is read whole, so its head and body reach the server in one hand-off (and
         # leave in one segment). Non-streamed retrieval answers up to max_inspect_bytes are read
         # whole before headers go out, so stages can add headers that depend on the result
@@ -165,7 +176,12 @@ class Forwarder:
         length = response.headers.get("content-length")
         if length is None or not length.isdigit():
             return False
-        return int(length) <= SMALL_RESPONSE or (self._described(ex, response) and int(length) <= self._max_inspect)
+        size = int(length)
+        if size > SMALL_RESPONSE and not (self._described(ex, response) and size <= self._max_inspect):
+            return False
+        # held whole until it is sent: past the process-wide bound it streams instead (and, its
+        # decoded copy refused too, passes through unread)
+        return whole.take(size)
 
     def _described(self, ex: Exchange, response: UpstreamResponse) -> bool:
         """Whether `on_response` (x-ragtoll-evidence) runs for this answer."""
@@ -174,8 +190,7 @@ class Forwarder:
     async def _send_whole(self, ex: Exchange, response: UpstreamResponse, inspector: Inspector,
                           headers: list[tuple[bytes, bytes]], send: Send) -> None:
         raw = b"".join([chunk async for chunk in response.chunks()])
-        plain = inspector.feed(raw)
-        inspector.end()
+        plain = await _read(inspector, raw)
         if plain is not None:
             self._chunk(ex, plain)  # stages see the body as they would a stream (a cut cannot apply here)
         if self._described(ex, response):
@@ -191,3 +206,15 @@ class Forwarder:
         ex.headers_sent = True
         await send({"type": "http.response.start", "status": response.status, "headers": headers + ex.response_headers})
         await send({"type": "http.response.body", "body": raw, "more_body": False})
+
+
+async def _read(inspector: Inspector, body: bytes) -> bytes | None:
+    """A whole answer decoded and read by its observer (parsed at its end): on the inspection
+    thread when it is big, so no one answer holds the event loop (the observer is this call's alone)."""
+
+    def read() -> bytes | None:
+        plain = inspector.feed(body)
+        inspector.end()
+        return plain
+
+    return await off_loop_if_big(len(body), read)

@@ -7,8 +7,10 @@ cannot make ragtoll hold or chew unbounded data:
     not an event stream (a 1 MB gzip bomb that inflates to 1 GB stops at the bound, in memory too);
   * an event stream is read event by event; one event longer than `max_event_bytes` (an event that
     never ends) stops the reading.
+  * what it keeps to read (the decoded copy; of an event stream, the event not yet ended) is taken
+    from the process-wide `InspectBytes` (buffers.py) and given back when reading ends.
 Past a bound the rest passes through unread and `observation.unread` says why; budgets then charge
-the call as if it used its whole reservation. Pure: no I/O, imports only the model.
+the call as if it used its whole reservation. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..model import Observation
+from .buffers import Held, InspectBytes
 
 
 class _Observer(Protocol):
@@ -35,8 +38,9 @@ class Inspector:
     """Feeds an observer the decoded copy of a response, within the bounds."""
 
     def __init__(self, observer: _Observer, *, content_encoding: str, content_type: str, max_bytes: int,
-                 max_event_bytes: int) -> None:
+                 max_event_bytes: int, pool: InspectBytes | None = None) -> None:
         self.observer = observer
+        self.held = Held(pool)
         self.unread: str | None = None
         self._max_bytes = max_bytes
         self._max_event = max_event_bytes
@@ -70,6 +74,10 @@ class Inspector:
         if not self._bounded and self._event_too_long(plain):
             self._stop(f"an event over server.max_event_bytes ({self._max_event} bytes)")
             return None
+        if not (self.held.take(len(plain)) if self._bounded else self.held.set(self._pending)):
+            limit = self.held.pool.limit if self.held.pool is not None else 0
+            self._stop(f"the process holds server.max_inspect_total_bytes ({limit} bytes) for inspection already")
+            return None
         self.observer.feed(plain, False)
         return plain
 
@@ -77,6 +85,11 @@ class Inspector:
         """The response ended; the observer finishes unless reading stopped early."""
         if self._decode is not None:
             self.observer.feed(b"", True)
+
+    def release(self) -> None:
+        """Give back what this response holds of the process-wide bound, once the call is done with
+        it (what the observer read, the answer's chunks, lives as long as the call)."""
+        self.held.release()
 
     def _event_too_long(self, plain: bytes) -> bool:
         seen = self._tail + plain
@@ -89,6 +102,7 @@ class Inspector:
         return self._pending > self._max_event
 
     def _stop(self, why: str) -> None:
+        self.held.release()
         self._decode = None
         self.unread = why
         self.observer.observation.unread = why

@@ -26,14 +26,17 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status,
 from ragtoll.instrumentation import semconv as sc
 
 from ..config import Settings
-from ..errors import BodyTooLarge, RagtollError, Rejected, RequestTimeout, UpstreamTimeout, render
+from ..core import queries
+from ..errors import BodyTooLarge, Overloaded, RagtollError, Rejected, RequestTimeout, UpstreamTimeout, render
 from ..model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, TaskRef
 from .body import ClientDisconnected, RequestBody
+from .buffers import Held, InspectBytes
 from .caller import CallerResolver
 from .conversation import Conversations
 from .exchange import Exchange, Reply, Stage, check_contracts
 from .forward import Forwarder
 from .identify import Identifier, derived_span_id, parse_traceparent
+from .offload import off_loop_if_big
 from .routing import Route, Router
 from .upstream import UpstreamClient
 
@@ -59,9 +62,12 @@ class Pipeline:
         self.identifier = identifier
         self.tracer = tracer
         self._root_sampled = root_sampled  # the sampling flag of a task's virtual root
+        # every byte held for inspection, request bodies and answers, across the process (buffers.py)
+        self.inspect_bytes = InspectBytes(settings.server.max_inspect_total_bytes)
         self.forwarder = Forwarder(client, stages, max_inspect_bytes=settings.server.max_inspect_bytes,
-                                   max_event_bytes=settings.server.max_event_bytes,
+                                   max_event_bytes=settings.server.max_event_bytes, pool=self.inspect_bytes,
                                    on_answered=self._answered if conversations is not None else None)
+        self._max_query = settings.server.max_query_chars
         self._max_body = settings.server.max_body_bytes
         self._body_timeout = settings.server.body_timeout_s
         self._on_end = on_end  # per-call metrics; failsafe
@@ -83,7 +89,8 @@ class Pipeline:
         ex = Exchange(route, scope["method"], target, headers, raw_headers, address, time.perf_counter(), task=task,
                       caller=caller, timeouts=route.upstream.timeouts)
         request_body = ex.request_body = RequestBody(receive, headers, self._max_body,
-                                                     asyncio.get_running_loop().time() + self._body_timeout)
+                                                     asyncio.get_running_loop().time() + self._body_timeout,
+                                                     Held(self.inspect_bytes))
         started_ns = time.time_ns()
         ex.response_headers.append((TASK_HEADER_OUT, task.id.encode()))
         body: AsyncIterator[bytes] | None | bool = None
@@ -91,7 +98,7 @@ class Pipeline:
         if early:  # the conversation names the task, and so the trace: read before the spans start
             body = await self._read(ex, request_body, send)
             if body is not False:
-                self._parse(ex)
+                await self._parse(ex)
                 found = await self.conversations.resolve(ex)  # type: ignore[union-attr]
                 if found is not None:
                     task = ex.task = found[0]
@@ -133,7 +140,7 @@ class Pipeline:
                 return request_body.stream(ex, functools.partial(request_body.watch_disconnect, ex))
             ex.body = b""  # no body framing: forward none (not an empty chunked body)
             return None
-        except (BodyTooLarge, RequestTimeout, ClientDisconnected) as exc:
+        except (BodyTooLarge, RequestTimeout, ClientDisconnected, Overloaded) as exc:
             ex.outcome = "client_disconnect" if isinstance(exc, ClientDisconnected) else "rejected"
             if not isinstance(exc, ClientDisconnected):
                 ex.status = exc.status
@@ -143,7 +150,7 @@ class Pipeline:
     async def _run(self, ex: Exchange, server_span: Any, body: AsyncIterator[bytes] | None, send: Send,
                    parsed: bool = False) -> None:
         if not parsed:
-            self._parse(ex)
+            await self._parse(ex)
         ex.span = self._open_call_span(ex, server_span)
         ran: list[Stage] = []
         try:
@@ -166,11 +173,17 @@ class Pipeline:
         finally:
             await self._finish(ex, ran)
 
-    @staticmethod
-    def _parse(ex: Exchange) -> None:
-        route = ex.route
-        if route.adapter.reads_body and ex.body is not None:
-            ex.call = route.adapter.parse_request(ex.method, ex.target.split("?", 1)[0], ex.headers, ex.body)
+    async def _parse(self, ex: Exchange) -> None:
+        """The adapter's reading of the body: on the inspection thread when the body is big (parsing and
+        counting the tokens of a large prompt held the event loop for every other call), then an
+        oversized query set aside (`_oversized`)."""
+        if not ex.route.adapter.reads_body or ex.body is None:
+            return
+        parse = functools.partial(ex.route.adapter.parse_request, ex.method, ex.target.split("?", 1)[0],
+                                  ex.headers, ex.body)
+        ex.call = await off_loop_if_big(len(ex.body), parse)
+        if ex.call.query is not None and len(ex.call.query) > self._max_query:
+            ex.oversized_query = _oversized(ex)
 
     async def _answered(self, ex: Exchange) -> None:
         """The whole answer is read: an untracked LLM call files what its conversation's next calls
@@ -195,6 +208,8 @@ class Pipeline:
             span.set_attribute(sc.TASK_NOTES, list(ex.task.notes))
         if ex.task and ex.task.match:
             span.set_attributes({sc.TASK_MATCH: ex.task.match, sc.TASK_CONFIDENCE: ex.task.confidence or 0.0})
+        if ex.oversized_query:
+            span.set_attribute(sc.QUERY_OVERSIZED, ex.oversized_query)
         return span
 
     async def _admit(self, ex: Exchange, ran: list[Stage]) -> Reply | None:
@@ -309,11 +324,25 @@ async def _send_reply(send: Send, reply: Reply, extra: list[tuple[bytes, bytes]]
     await send({"type": "http.response.body", "body": reply.body, "more_body": False})
 
 
+def _oversized(ex: Exchange) -> int:
+    """A query past `server.max_query_chars`: keyed by a hash of its raw text (its unique-query key;
+    two spellings are two queries) and then forgotten, so nothing downstream normalises, tokenises,
+    embeds, compares, caches or records it: the progress verdict judges its results alone, the
+    cache passes it by (`no_query`), and the span records its length. Returns that length."""
+    call = ex.call
+    assert call.query is not None
+    call.query_key = queries.oversized_key(ex.route.upstream.name, call.query, call.query_vector, call.filters)
+    length, call.query = len(call.query), None
+    return length
+
+
 async def _send_error(send: Send, error: RagtollError, style: str, extra: list[tuple[bytes, bytes]]) -> None:
     headers: list[tuple[bytes, bytes]] = []
+    if isinstance(error, Overloaded):
+        headers.append((b"retry-after", b"1"))
     if isinstance(error, Rejected):
         # A local refusal is final: the OpenAI and Anthropic SDKs would otherwise retry it.
         headers.append((b"x-should-retry", b"false"))
-    if isinstance(error, RequestTimeout | BodyTooLarge):  # the body was not read to its end: no reuse
+    if isinstance(error, RequestTimeout | BodyTooLarge | Overloaded):  # the body was not read to its end: no reuse
         headers.append((b"connection", b"close"))
     await _send_reply(send, Reply(error.status, render(error, style=style), headers), extra)

@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"tasks"},  # task records, the admin API
     {"request"},  # the request path: exchange, caller, pipeline, forwarder, the one client
     {"stages"},  # one concern each, over the exchange
-    {"app", "server"},  # the ASGI app (its lifespan makes every resource) and how it is served
+    {"app", "server", "gate"},  # the ASGI app (its lifespan makes every resource), how it is served, its gate
     {"tools"},  # offline: report, recommend, demo
     {"cli", "__main__"},
 ]

@@ -121,3 +121,21 @@ def test_a_query_asks_for_the_question_or_what_its_evidence_named() -> None:
                         "history of the rio carnival", rules)
     assert [v.evidence for v in (hop1, hop2, hop3)] == [True, True, True]
     assert unrelated.fruitful is True and unrelated.for_question is False and not unrelated.evidence
+
+
+def test_what_a_task_keeps_of_its_queries_is_bounded_however_long_they_are() -> None:
+    """40 searches of 4,000 characters each: the task keeps its last MAX_QUERIES, each as SHOWN_CHARS
+    of text, a hash and MAX_QUERY_WORDS words; a repeat is still known as one; all is freed at the end."""
+    recent = progress.RecentQueries()
+    words = [f"w{i:05d}x" for i in range(20_000)]
+    queries = [" ".join(words[i * 500:(i + 1) * 500]) for i in range(40)]
+    for q in queries:
+        recent.judge("t", [Chunk(id="a", text="a")], set(), q, RULES)
+    kept = recent._tasks["t"].queries
+    assert len(kept) == progress.MAX_QUERIES
+    assert all(len(shown) <= progress.SHOWN_CHARS and len(key) == 32 and len(ws) <= progress.MAX_QUERY_WORDS
+               for shown, key, ws in kept)
+    again = recent.judge("t", [Chunk(id="a", text="a")], {"a"}, queries[-1], RULES)
+    assert again.reason == progress.REPEATED
+    recent.forget("t")
+    assert "t" not in recent._tasks

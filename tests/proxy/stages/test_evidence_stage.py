@@ -115,3 +115,19 @@ async def test_on_task_end_drops_the_tasks_evidence() -> None:
     stage.on_task_end("a")
     assert sc.EVIDENCE_PROMPT_TOKENS not in await ask(stage, xs, PASSAGES[0], task="a")
     assert (await ask(stage, xs, PASSAGES[0], task="b"))[sc.EVIDENCE_PROMPT_TOKENS] > 0  # the other task keeps its own
+
+
+async def test_evidence_held_across_tasks_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the process-wide bound the least recently used task's evidence goes first; the count
+    follows what is held (and drops when a task ends)."""
+    from ragtoll.proxy.stages import evidence
+
+    xs, stage = Exchanges(), EvidenceStage()
+    monkeypatch.setattr(evidence, "MAX_TOTAL_FINGERPRINTS", 5)
+    await retrieve(stage, xs, task="a")
+    await retrieve(stage, xs, task="b")
+    assert stage._total <= 5
+    assert sc.EVIDENCE_PROMPT_TOKENS not in await ask(stage, xs, PASSAGES[0], task="a")  # a went first
+    assert (await ask(stage, xs, PASSAGES[0], task="b"))[sc.EVIDENCE_PROMPT_TOKENS] > 0
+    stage.on_task_end("b")
+    assert stage._total == 0

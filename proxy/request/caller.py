@@ -135,6 +135,10 @@ class CallerResolver:
             reason, notes = "", ()
         if principal is not None and principal.authenticated:
             return Caller(principal, pc.subject_id(principal.subject, principal.tenant), reason, notes)
+        if reason == AMBIGUOUS:  # which one would the upstream read? 400, never a union, never a guess
+            return Caller(None, f"addr:{client or 'unknown'}", reason, notes, refusal=BadRequest(
+                f"identity header {', '.join(map(repr, notes))} was sent more than once; send it once",
+                code="ambiguous_identity"))
         if self.mode == "jwt" and reason != "identity:missing":
             # a token was presented and failed: refused, never counted as someone else
             return Caller(None, f"addr:{client or 'unknown'}", reason, notes, refusal=Unauthorized(

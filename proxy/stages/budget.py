@@ -56,6 +56,7 @@ WARNING_HEADER = b"x-ragtoll-budget-warning"
 WOULD_REJECT_HEADER = b"x-ragtoll-budget-would-reject"
 EXHAUSTED_HEADER = b"x-ragtoll-budget-exhausted"  # an empty answer in place of a refused search or rerank
 FINISHED_HEADER = b"x-ragtoll-budget-finished"  # this call went past that limit once, tools disabled
+DEGRADED_HEADER = b"x-ragtoll-budget-degraded"  # `local`: decided on this replica's local ledger (store away)
 CAPPED_HEADER = b"x-ragtoll-budget-output-cap"  # the output cap (tokens per answer) ragtoll set: what the task had left
 _UNCAPPED = 1 << 62  # the most output of a call sent without a cap, when nothing else bounds it
 # timers fire at or after the clamped timeout; the wall clock may read a hair earlier than the deadline
@@ -133,6 +134,7 @@ class BudgetStage(Stage):
         if reserved.decision.degraded:  # the local ledger decided: the store's answer is unknown
             ex.degraded = f"budget store: {reserved.decision.degraded}; decided on the local ledger"
             record_degraded(ex.span, ex.degraded, on_store_error="open", bound="local")
+            ex.response_headers.append((DEGRADED_HEADER, b"local"))
             if reserved.decision.admitted:
                 ex.degraded_bound = "local"
         return self._admit(ex, plan, reserved)

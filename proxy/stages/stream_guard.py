@@ -82,13 +82,18 @@ class StreamGuard:
         assert ex.task is not None and state.hold is not None
         try:
             grant = await self.store.extend(ex.task.id, adm.reservation, ask.tokens, ask.cost_nusd, adm.limits)
-        except Exception as exc:  # noqa: BLE001 - as for a reserve: open goes on unbudgeted, closed stops
-            record_degraded(ex.span, f"extend failed: {type(exc).__name__}", on_store_error=self.on_store_error)
+        except Exception as exc:  # noqa: BLE001 - as for a reserve: the local ledger (open), or stop (closed)
+            why = f"extend failed: {type(exc).__name__}"
             if self.on_store_error == "closed":
+                record_degraded(ex.span, why, on_store_error=self.on_store_error)
                 state.hold.refused = True
-            else:
+                return
+            if self.store.fallback is None:  # no local ledger (a store that cannot fail): unbudgeted
+                record_degraded(ex.span, why, on_store_error=self.on_store_error)
                 state.hold = None
-            return
+                return
+            record_degraded(ex.span, why + "; extended on the local ledger", on_store_error="open", bound="local")
+            grant = await self.store.extend_locally(ex.task.id, adm.profile, ask.tokens, ask.cost_nusd, adm.limits)
         finally:
             state.extending = None
         state.hold.add(grant)

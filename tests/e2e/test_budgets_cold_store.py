@@ -150,3 +150,40 @@ def test_ready_only_once_the_store_answers_with_its_scripts_loaded(upstream: Ups
     assert first.status_code == 503 and first.json()["status"] == "warming"
     assert loaded == [True, True, True]
     assert connections > 8  # the pool was opened before the replica said ready
+
+
+STREAMS = 48
+WORDS = 4000  # each stream would give this many output tokens ("hi": one token each): 192,000 in all
+TOKEN_LIMIT = 5000
+
+
+def test_streams_whose_store_stalls_mid_way_stay_within_the_bound(
+        upstream: Upstream, own_redis: RedisProcess, tmp_path: Any) -> None:
+    """48 streams of one task over three replicas against `max_completion_tokens`; Redis stalls
+    while they run, so their extensions time out: they extend on each replica's local ledger instead
+    of going on unbudgeted, and together deliver no more than `(replicas + 1) x limit`."""
+    # small holds, so every stream is admitted and lives on its extensions (64 tokens each)
+    cfg = {**replica_config(own_redis.url, upstream), "tasks": {"idle_timeout_s": 600},
+           "budgets": {**budgets(max_completion_tokens=TOKEN_LIMIT), "default_max_output_tokens": 32,
+                       "stream_extension_tokens": 64}}
+    procs = [RagtollProcess(tmp_path, cfg, env=METRICS_ONLY, ready="/readyz") for _ in range(REPLICAS)]
+    task_id = f"streams-{uuid.uuid4().hex}"
+    words = ",".join(["hi"] * WORDS)
+
+    async def main(bases: list[str]) -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=STREAMS)) as http:
+            calls = asyncio.gather(*[
+                http.post(f"{bases[i % len(bases)]}/openai{CHAT}", json={
+                    "model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "stream": True},
+                    headers={"x-ragtoll-task-id": task_id, "x-test-words": words, "x-test-delay": "0.002"})
+                for i in range(STREAMS)])
+            await asyncio.sleep(0.3)  # the streams are under way (admitted by the store, most of them)
+            await asyncio.to_thread(pause, own_redis, PAUSE_MS)
+            return await calls
+
+    with replicas(procs) as bases:
+        answers = asyncio.run(main(bases))
+    delivered = sum(r.content.count(b'"content":"hi"') for r in answers if r.status_code == 200)
+    assert {r.status_code for r in answers} <= {200, 429}
+    assert delivered <= (REPLICAS + 1) * TOKEN_LIMIT, delivered
+    assert any(r.status_code == 200 and b'"finish_reason":"length"' in r.content for r in answers)  # cut cleanly

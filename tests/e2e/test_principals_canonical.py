@@ -118,3 +118,16 @@ def test_anonymous_callers_are_known_by_address_or_refused(proxy: ProxyFactory, 
         assert "anonymous" in r.json()["error"]["message"]
     assert keyed.status_code == 200
     assert upstream.app.state.calls[CHAT] == 3
+
+
+def test_jwt_mode_two_tokens_are_ambiguous_not_a_choice(proxy: ProxyFactory, upstream: Upstream,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGTOLL_JWT_SECRET", SECRET)
+    cfg = settings("memory", {"default": {"max_new_tasks_per_minute": 5}}, identity={"mode": "jwt"},
+                   cache={"enabled": False})
+    with proxy(upstreams=upstreams(upstream.url), **cfg) as base, httpx.Client(timeout=30) as http:
+        r = http.post(f"{base}/openai{CHAT}", headers=[("authorization", f"Bearer {token()}"),
+                                                       ("authorization", f"Bearer {token(sub='bob')}")],
+                      json={"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "ambiguous_identity"
+    assert upstream.app.state.calls.get(CHAT, 0) == 0

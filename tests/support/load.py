@@ -22,11 +22,17 @@ CHAT_PATH = "/openai/v1/chat/completions"
 SEARCH_PATH = "/docs/search"  # a `json` retrieval route: the evidence cache serves its repeats
 
 
+def store_answered(headers: httpx.Headers) -> bool:
+    """The call's budget was the store's: it carries the budget header, and was not decided on the
+    replica's local ledger while the store was away (`x-ragtoll-budget-degraded: local`)."""
+    return "x-ragtoll-budget-remaining" in headers and "x-ragtoll-budget-degraded" not in headers
+
+
 @dataclass(frozen=True)
 class Answer:
     task: str
     status: int  # 0: the request itself failed (connection error)
-    budgeted: bool  # carried x-ragtoll-budget-remaining: the store answered
+    budgeted: bool  # carried x-ragtoll-budget-remaining, not decided on the local ledger: the store answered
     seconds: float
     code: str = ""
 
@@ -50,7 +56,7 @@ async def _worker(base: str, task: str, going: Callable[[], bool], answers: list
             code = ""
             if r.status_code >= 400 and r.headers.get("content-type") == "application/json":
                 code = str(r.json().get("error", {}).get("code", ""))
-            answers.append(Answer(task, r.status_code, "x-ragtoll-budget-remaining" in r.headers,
+            answers.append(Answer(task, r.status_code, store_answered(r.headers),
                                   time.monotonic() - t0, code))
             await asyncio.sleep(0.005)
 

@@ -11,7 +11,7 @@ import pytest
 from ragtoll.proxy.errors import BudgetExceeded, StoreUnavailable, Unauthorized
 from ragtoll.proxy.request.exchange import Exchange
 from ragtoll.proxy.stages.principal import PrincipalStage
-from ragtoll.proxy.stores.principals import MemoryPrincipalStore, RedisPrincipalStore
+from ragtoll.proxy.stores.principals import MemoryPrincipalStore, RedisPrincipalStore, local_principal_store
 from ragtoll.proxy.stores.redis import RedisStore
 from support.exchanges import Exchanges
 
@@ -86,3 +86,27 @@ async def test_an_unreachable_store_forwards_degraded_or_answers_503(mode: str) 
             assert await s.on_request(again) is None and "moments ago" in (again.degraded or "")
     finally:
         await budget.aclose()
+
+
+async def test_an_unreachable_store_in_open_mode_is_bounded_by_the_local_ledger() -> None:
+    """The app's wiring (`local_principal_store`): while the store is away, the principal's limits
+    still hold, counted on this replica's own ledger; the calls say they were decided there."""
+    ex = Exchanges(store="redis://127.0.0.1:9", store_timeout_ms=200,  # nothing listens; open by default
+                   principals={"default": {"max_new_tasks_per_minute": 3}})
+    budget = RedisStore(ex.settings.store, timeout_s=0.2)
+    s = PrincipalStage(ex.settings, RedisPrincipalStore(budget, stale_ms=60_000, owner_ttl_s=60),
+                       fallback=local_principal_store(ex.settings))
+    try:
+        admitted = []
+        for i in range(3):
+            call = ex(task=f"t{i}", headers={"authorization": "Bearer sk-1"})
+            assert await s.on_request(call) is None
+            admitted.append(call)
+        with pytest.raises(BudgetExceeded) as refused:  # the fourth new task this minute
+            await s.on_request(ex(task="t3", headers={"authorization": "bearer  sk-1"}))
+    finally:
+        await budget.aclose()
+    assert {c.degraded_bound for c in admitted} == {"local"}
+    assert all("local ledger" in (c.degraded or "") for c in admitted)
+    assert refused.value.details["dimension"] == "max_new_tasks_per_minute"
+    assert local_principal_store(Exchanges(principals={"default": {"max_new_tasks_per_minute": 3}}).settings) is None

@@ -140,6 +140,9 @@ class RagtollApp:
         principal = PrincipalStage(self.settings, principals) if principals is not None else None
         stages = build_stages(self.settings, stores=stores, cache=self.cache, env=self.env, ender=ender,
                               principal=principal)
+        budget = next((s for s in stages if isinstance(s, BudgetStage)), None)
+        if self.cache is not None and budget is not None:
+            self.cache.wait_allowance = budget.wait_allowance  # a duplicate never waits past its deadline
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.callers,
                                  self.tracer, on_end=self._record_call, root_sampled=root_sampled(self.tracer_provider))
         ender.listeners.append(self._task_ended)

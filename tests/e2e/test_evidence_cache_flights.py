@@ -74,11 +74,12 @@ def store(request: pytest.FixtureRequest) -> str:
 
 
 @contextlib.contextmanager
-def ragtoll(app: Search, store: str, telemetry: Any, budgets: dict[str, Any] | None = None) -> Iterator[str]:
+def ragtoll(app: Search, store: str, telemetry: Any, budgets: dict[str, Any] | None = None,
+            read_s: float = 30.0) -> Iterator[str]:
     with serve_in_thread(app) as url:
         raw: dict[str, Any] = {
             "upstreams": [{"name": "docs", "kind": "retrieval", "api": "json", "url": url, "prefix": "/docs",
-                           "fields": {"acl": "metadata.groups"}}],
+                           "fields": {"acl": "metadata.groups"}, "timeouts": {"read": read_s}}],
             "identity": {"mode": "header"},
             "store": store,
             "budgets": budgets or {"default_profile": "open", "profiles": {"open": {"max_calls": 1000}}},
@@ -94,19 +95,28 @@ def headers(task: str) -> dict[str, str]:
     return {"x-ragtoll-task-id": task, "x-auth-subject": "u1", "x-auth-groups": "public"}
 
 
-async def burst(base: str, app: Search, query: dict[str, Any], tag: str) -> tuple[httpx.Response, list[httpx.Response]]:
-    """The leader goes upstream and is held there; 49 duplicates arrive and wait; then the upstream answers."""
+async def burst(base: str, app: Search, query: dict[str, Any], tag: str, *, release: bool = True,
+                leaves: bool = False) -> tuple[httpx.Response | None, list[httpx.Response]]:
+    """The leader goes upstream and is held there; 49 duplicates arrive and wait; then the upstream
+    answers (`release`), or the leader's client goes away (`leaves`: None for its answer)."""
     limits = httpx.Limits(max_connections=WAITERS + 5)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-        def post(task: str) -> Any:
-            return client.post(f"{base}/docs/search", json=query, headers=headers(task))
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client, httpx.AsyncClient(timeout=30) as own:
+        def post(task: str, via: httpx.AsyncClient = client) -> Any:
+            return via.post(f"{base}/docs/search", json=query, headers=headers(task))
 
-        leader = asyncio.ensure_future(post(f"{tag}-leader"))
+        leader = asyncio.ensure_future(post(f"{tag}-leader", own))
         await until(lambda: app.calls > 0)
         waiters = [asyncio.ensure_future(post(f"{tag}-{i}")) for i in range(WAITERS)]
         await asyncio.sleep(1.0)  # setup: every duplicate has reached ragtoll and waits for the leader
-        app.release.set()
-        return await leader, list(await asyncio.gather(*waiters))
+        if leaves:
+            leader.cancel()
+            await own.aclose()  # the leader's connection closes: ragtoll cancels its call
+            await until(lambda: app.calls > 1)  # one waiter took the key over
+            await asyncio.sleep(0.5)  # setup: had the others gone upstream too, they would be there now
+        if release:
+            app.release.set()
+        answers = list(await asyncio.gather(*waiters))
+        return (None if leaves else await leader), answers
 
 
 def test_a_failed_leader_hands_its_key_to_one_waiter(store: str, telemetry: Any) -> None:
@@ -114,7 +124,7 @@ def test_a_failed_leader_hands_its_key_to_one_waiter(store: str, telemetry: Any)
     app = Search([500, 200])
     with ragtoll(app, store, telemetry) as base:
         leader, waiters = asyncio.run(burst(base, app, query(), "recover"))
-    assert leader.status_code == 500
+    assert leader is not None and leader.status_code == 500
     assert app.calls == 2  # the leader's call and one retry, not 50
     assert [w.status_code for w in waiters] == [200] * WAITERS
     assert {w.json()["results"][0]["id"] for w in waiters} == {"leave@1"}
@@ -126,13 +136,35 @@ def test_an_upstream_failing_twice_in_a_row_fails_the_waiters_without_more_calls
     app = Search([500])
     with ragtoll(app, store, telemetry) as base:
         leader, waiters = asyncio.run(burst(base, app, query(), "down"))
-    assert leader.status_code == 500
+    assert leader is not None and leader.status_code == 500
     assert app.calls == 2  # MAX_FAILURES upstream calls, then the waiters get the failure
     statuses = sorted(w.status_code for w in waiters)
     assert statuses == [500] + [502] * (WAITERS - 1)  # the retry's own answer, then ragtoll's 502 JSON
     refused = next(w for w in waiters if w.status_code == 502)
     assert refused.json()["error"]["code"] == "upstream_unavailable"
     assert "failed 2 times in a row" in refused.json()["error"]["message"]
+
+
+def test_a_leader_whose_client_vanished_hands_its_key_to_one_waiter(store: str, telemetry: Any) -> None:
+    app = Search([200])
+    with ragtoll(app, store, telemetry) as base:
+        _, waiters = asyncio.run(burst(base, app, query(), "vanish", leaves=True))
+    assert app.calls == 2  # the vanished leader's call and one waiter's
+    assert [w.status_code for w in waiters] == [200] * WAITERS
+    assert sum(w.headers.get("x-ragtoll-cache", "").startswith("hit") for w in waiters) == WAITERS - 1
+
+
+def test_a_hanging_upstream_gets_two_calls_not_fifty(store: str, telemetry: Any) -> None:
+    """The upstream never answers: the leader's read timeout fails it, one waiter retries, and its
+    timeout fails the rest."""
+    app = Search([200])
+    with ragtoll(app, store, telemetry, read_s=1.5) as base:
+        leader, waiters = asyncio.run(burst(base, app, query(), "hang", release=False))
+        app.release.set()
+    assert app.calls == 2
+    assert leader is not None and leader.status_code == 504
+    # each waiter's own read timeout (504) or the two failures in a row (502): none went upstream
+    assert {w.status_code for w in waiters} <= {502, 504} and all(w.json()["error"]["code"] for w in waiters)
 
 
 def test_a_waiter_past_its_deadline_is_refused_without_waiting(store: str, telemetry: Any) -> None:

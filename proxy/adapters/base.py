@@ -238,18 +238,30 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return doc
 
 
+def _colons(raw: bytes) -> tuple[int, bool]:
+    """How many colons `raw` holds, and whether it holds a `\\u` escape; numpy's vector compare
+    past a few KB (about ten times bytes.count's byte loop)."""
+    if len(raw) < 4096:
+        return raw.count(b":"), b"\\u" in raw
+    import numpy as np  # a dependency already (the evidence cache's vectors); loaded on the first large body
+
+    a = np.frombuffer(raw, np.uint8)
+    return int(np.count_nonzero(a == 58)), bool(np.any((a[:-1] == 92) & (a[1:] == 117)))
+
+
 def duplicate_key(raw: bytes, doc: Any) -> str | None:
     """The first key a JSON object of `raw` holds twice (None: none). orjson keeps the last value,
     an upstream may keep the first: ragtoll must not read a request its upstream reads otherwise.
 
     Fast path (plain UTF-8): a colon is a key's separator or a character inside a string, and
     orjson writes every string's colons as they were, so `raw` holds more colons than `doc`
-    re-encoded only when a key was dropped (or a colon was escaped as \u003a: then the exact
-    path). Measured at about 2 us per KB of body (bench/bench_cache_lookup.py); the exact path,
-    the standard library's parser with a pairs hook, runs only when the counts differ."""
-    if raw[:3] != UTF8_BOM and json.detect_encoding(raw) == "utf-8" and b"\\u003" not in raw and \
-            raw.count(b":") == orjson.dumps(doc).count(b":"):
-        return None
+    re-encoded only when a key was dropped (or a colon was escaped as \\u003a: then the exact
+    path). The exact path, the standard library's parser with a pairs hook, runs only then.
+    Measured in bench/bench_cache_keys.py."""
+    if raw[:3] != UTF8_BOM and json.detect_encoding(raw) == "utf-8":
+        colons, escaped = _colons(raw)
+        if (not escaped or b"\\u003" not in raw) and colons == _colons(orjson.dumps(doc))[0]:
+            return None
     try:
         json.loads(raw, object_pairs_hook=_unique_pairs)
     except _Duplicate as dup:

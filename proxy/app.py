@@ -154,6 +154,9 @@ class RagtollApp:
             # a link outlives its task's idle timeout a little: a slow agent's next call still finds it
             store = open_conversation_store(self.settings.store, stores.budget, self.settings.tasks.idle_timeout_s * 2)
             conversations = Conversations(store, self.settings.store_timeout_ms / 1000)
+        budget = next((s for s in stages if isinstance(s, BudgetStage)), None)
+        if self.cache is not None and budget is not None:
+            self.cache.wait_allowance = budget.wait_allowance  # a duplicate never waits past its deadline
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.callers,
                                  self.tracer, on_end=self._record_call, root_sampled=root_sampled(self.tracer_provider),
                                  conversations=conversations)

@@ -243,6 +243,17 @@ class ProbeConfig:
         _positive_s(f"{where}.timeout_s", self.timeout_s, " (default 2)")
 
 
+# How the evidence cache may normalise a query text before keying it (cache.partition.normalize_query):
+# whitespace and nfc change nothing an upstream tells apart; the rest only for an upstream that ignores them
+NORMALIZE_MODES = ("whitespace", "nfc", "width", "lowercase", "casefold")
+
+
+def _normalize_modes(key: str, modes: tuple[str, ...]) -> None:
+    if isinstance(modes, str) or any(m not in NORMALIZE_MODES for m in modes):
+        _bad(key, modes, f"a list of {', '.join(NORMALIZE_MODES)} (default [whitespace, nfc]; lowercase, "
+                         "casefold and width only for an upstream that ignores case or width)")
+
+
 @dataclass(frozen=True)
 class UpstreamCacheConfig:
     """The evidence cache's view of one retrieval source."""
@@ -252,8 +263,12 @@ class UpstreamCacheConfig:
     # whether the upstream filters results by caller (then entries remember the fetcher's view);
     # null: yes when identity reaches it (identity.mode header or jwt: the headers or token are forwarded)
     filters_by_caller: bool | None = None
+    # how query texts are normalised before keying (NORMALIZE_MODES); null: cache.normalize
+    normalize: tuple[str, ...] | None = None
 
     def validate(self, where: str, version_header: str | None) -> None:
+        if self.normalize is not None:
+            _normalize_modes(f"{where}.normalize", self.normalize)
         if self.max_staleness_s is not None:
             _positive_s(f"{where}.max_staleness_s", self.max_staleness_s, " (null: cache.max_staleness_s)")
         if self.probe is not None:
@@ -572,6 +587,9 @@ class CacheConfig:
     # an entry older than this is served only with its source's version confirmed within it (a probe,
     # a push through the admin API, a response carrying it); per source: upstreams[].cache.max_staleness_s
     max_staleness_s: float = 300.0
+    # how query texts are normalised before keying (NORMALIZE_MODES), unless a route says otherwise
+    # (upstreams[].cache.normalize): by default only what no upstream tells apart
+    normalize: tuple[str, ...] = ("whitespace", "nfc")
 
     def __post_init__(self) -> None:
         _freeze(self, "sources")
@@ -599,6 +617,7 @@ class CacheConfig:
             _bad(f"{where}.authz_url", self.authz_url, "an http:// or https:// URL")
         _positive_s(f"{where}.authz_timeout_s", self.authz_timeout_s, " (default 0.5)")
         _positive_s(f"{where}.max_staleness_s", self.max_staleness_s, " (default 300)")
+        _normalize_modes(f"{where}.normalize", self.normalize)
         if not self.acl_public:
             _bad(f"{where}.acl_public", self.acl_public, "a non-empty marker such as public")
 

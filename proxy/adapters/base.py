@@ -223,8 +223,59 @@ class SseReader:
             self._from = [max(0, f - start) for f in self._from]
 
 
+DUPLICATE_KEY = "duplicate JSON key"  # the parse error the pipeline answers 400 (request.pipeline)
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        raise _Duplicate(next(k for k, _ in pairs if k in seen or seen.add(k)))  # type: ignore[func-returns-value]
+    return doc
+
+
+def _colons(raw: bytes) -> tuple[int, bool]:
+    """How many colons `raw` holds, and whether it holds a `\\u` escape; numpy's vector compare
+    past a few KB (about ten times bytes.count's byte loop)."""
+    if len(raw) < 4096:
+        return raw.count(b":"), b"\\u" in raw
+    import numpy as np  # a dependency already (the evidence cache's vectors); loaded on the first large body
+
+    a = np.frombuffer(raw, np.uint8)
+    return int(np.count_nonzero(a == 58)), bool(np.any((a[:-1] == 92) & (a[1:] == 117)))
+
+
+def duplicate_key(raw: bytes, doc: Any) -> str | None:
+    """The first key a JSON object of `raw` holds twice (None: none). orjson keeps the last value,
+    an upstream may keep the first: ragtoll must not read a request its upstream reads otherwise.
+
+    Fast path (plain UTF-8): a colon is a key's separator or a character inside a string, and
+    orjson writes every string's colons as they were, so `raw` holds more colons than `doc`
+    re-encoded only when a key was dropped (or a colon was escaped as \\u003a: then the exact
+    path). The exact path, the standard library's parser with a pairs hook, runs only then.
+    Measured in bench/bench_cache_keys.py."""
+    if raw[:3] != UTF8_BOM and json.detect_encoding(raw) == "utf-8":
+        colons, escaped = _colons(raw)
+        if (not escaped or b"\\u003" not in raw) and colons == _colons(orjson.dumps(doc))[0]:
+            return None
+    try:
+        json.loads(raw, object_pairs_hook=_unique_pairs)
+    except _Duplicate as dup:
+        return str(dup)
+    except RecursionError:  # deeper than the standard parser goes: unverifiable, so unread
+        return "(nested too deeply to check)"
+    except ValueError:  # what orjson read but the standard parser does not (never a duplicate found)
+        return None
+    return None
+
+
 def json_body(body: bytes) -> tuple[dict[str, object] | None, str | None]:
-    """(document, None) for a JSON object body, else (None, why it could not be read)."""
+    """(document, None) for a JSON object body, else (None, why it could not be read). A key held
+    twice in one object is unreadable (`DUPLICATE_KEY`): which value would the upstream take?"""
     if not body:
         return None, "empty body"
     try:
@@ -233,6 +284,9 @@ def json_body(body: bytes) -> tuple[dict[str, object] | None, str | None]:
         return None, f"request is not JSON: {exc}"
     if not isinstance(doc, dict):
         return None, "request JSON is not an object"
+    twice = duplicate_key(body, doc)
+    if twice is not None:
+        return None, f"{DUPLICATE_KEY} {twice[:100]!r} in one object"
     return doc, None
 
 

@@ -153,7 +153,9 @@ def _es_text(node: Any, depth: int = 0) -> str | None:
 
 
 def _without(node: Any, text: str | None, vector: list[float] | None) -> Any:
-    """The DSL with the query text and vector taken out: what remains is the filter structure."""
+    """The DSL with the query text and vector taken out: what remains is the filter structure.
+    The placeholders are escaped where the DSL holds them as text (any string starting with `$`
+    gains one more), so a literal "$query" never keys like another caller's query text."""
     if isinstance(node, dict):
         return {k: _without(v, text, vector) for k, v in node.items()}
     if isinstance(node, list):
@@ -162,6 +164,8 @@ def _without(node: Any, text: str | None, vector: list[float] | None) -> Any:
         return [_without(v, text, vector) for v in node]
     if text is not None and node == text:
         return "$query"
+    if isinstance(node, str) and node.startswith("$"):
+        return "$" + node
     return node
 
 

@@ -28,9 +28,17 @@ from ..stores.evidence import Entry, EvidenceStore
 from . import acl
 from .audit import Auditor
 from .embedders import Embedder, NoEmbedder
-from .flights import Flight, Flights
+from .flights import GONE, Flight, Flights
 from .lexical import LexicalIndex
-from .partition import Partition, canonical_filters, exact_key, filter_words, normalize_query, serves_top_k
+from .partition import (
+    DEFAULT_NORMALIZE,
+    Partition,
+    canonical_filters,
+    exact_key,
+    filter_words,
+    normalize_query,
+    serves_top_k,
+)
 from .versions import Probe, SourceState, Versions, compose
 
 if TYPE_CHECKING:
@@ -125,8 +133,12 @@ class EvidenceCache:
                  verify_candidates: bool = True, prefilter: bool = True, min_top_margin: float = 0.0,
                  max_staleness_s: float = MAX_STALENESS_S, staleness: Mapping[str, float] | None = None,
                  calibration: Calibration | None = None, intent_floor: float | None = None,
+                 normalize: Sequence[str] = DEFAULT_NORMALIZE, normalize_routes: Mapping[str, Sequence[str]] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
+        # how a query text is normalised before keying: per route (its upstream's own indifferences)
+        self.normalize = tuple(normalize)
+        self.normalize_routes = {r: tuple(m) for r, m in (normalize_routes or {}).items()}
         # the model of P(wrong) a verified candidate is judged by against the route's error bound
         # (`auditor.bound`); None: the vetoes alone decide, with their own content-overlap floor
         self.calibration = calibration
@@ -171,7 +183,7 @@ class EvidenceCache:
         t0 = time.perf_counter()
         state = await self.versions.state(q.route)
         part = Partition(q.route, state.version, canonical_filters(q.filters), q.principal.tenant, q.selector)
-        norm = normalize_query(q.text)
+        norm = normalize_query(q.text, self.normalize_routes.get(q.route, self.normalize))
         qkey = exact_key(norm, q.vector)
         scope = acl.scope_of(q.principal, q.scoped)
         lk = Lookup(q, part, norm, qkey, entry_key(qkey, scope), scope, state, reason="none")
@@ -391,10 +403,25 @@ class EvidenceCache:
         if lk.flight is not None:
             lk.flight.land(entry)
 
-    def end(self, lk: Lookup) -> None:
-        """The leader is done, however it ended (always called once per led flight)."""
+    def end(self, lk: Lookup, outcome: str = GONE, status: int | None = None) -> None:
+        """The leader is done, however it ended (always called once per led flight; `outcome`: how,
+        if it landed nothing - flights.UNFILED, FAILED or GONE)."""
         if lk.flight is not None:
-            self.flights.end(lk.flight)
+            self.flights.end(lk.flight, outcome, status)
+
+    def relay(self, lk: Lookup, failed: Flight, *, lead: bool) -> None:
+        """`lk.wait` ended without an entry (`failed`): this lookup leads the key's next flight (it
+        is the first waiter to ask, and `lead`: its answer will be filed), or waits for the one
+        another waiter leads (`lk.wait`), or, neither possible, asks upstream on its own."""
+        lk.wait = None
+        if lk.flight is not None or failed.key != lk.key:
+            return  # a semantic duplicate: it already leads its own key
+        if lead:
+            lk.flight, waiting = self.flights.relay(failed, lk.query.top_k)
+        else:
+            waiting = self.flights.find(failed.pkey, failed.key)
+        if waiting is not None and serves_top_k(waiting.top_k, lk.query.top_k):
+            lk.wait, lk.wait_tier, lk.wait_similarity = waiting, "exact", 1.0
 
     # --- filing ---------------------------------------------------------------------------------------
 

@@ -20,18 +20,31 @@ import orjson
 import xxhash
 
 _SPACE = re.compile(r"\s+")
-_EDGE_PUNCT = re.compile(r"^[\s\"'`.,;:!?¿¡]+|[\s.,;:!?¿¡]+$")
+# Lucene / query_string operators: case-sensitive there ("cats AND dogs" != "cats and dogs"), so
+# case folding leaves them as they are
+_OPERATORS = re.compile(r"\b(AND|OR|NOT|TO)\b")
+DEFAULT_NORMALIZE = ("whitespace", "nfc")  # config.NORMALIZE_MODES: what no upstream tells apart
 
 
-def normalize_query(text: str) -> str:
-    """Case-folded, NFKC, whitespace-collapsed, trailing punctuation dropped.
+def normalize_query(text: str, modes: Sequence[str] = DEFAULT_NORMALIZE) -> str:
+    """The exact tier's form of a query text: never looser than the route's upstream.
 
-    Conservative on purpose: two texts that normalise alike must mean the same thing, so
-    quotes inside the text, digits and word order are kept.
+    By default only what no upstream tells apart: runs of whitespace (collapsed, trimmed) and the
+    Unicode composition form (NFC). Opt-in per route (`cache.normalize`, upstreams[].cache.normalize):
+    `width` (NFKC: full-width letters, superscripts, ligatures), `lowercase`, `casefold` (full
+    Unicode folding: "Maße" == "masse"), for an upstream that ignores them. Punctuation, wildcards
+    (`?`, `*`) and query operators (`AND`, `OR`, `NOT`, `TO`, kept in capitals when folding case)
+    are never touched: a false miss costs a retrieval, a false hit serves another query's evidence.
     """
-    t = unicodedata.normalize("NFKC", text).casefold()
-    t = _SPACE.sub(" ", t)
-    return _EDGE_PUNCT.sub("", t)
+    t = unicodedata.normalize("NFKC" if "width" in modes else "NFC", text) \
+        if "width" in modes or "nfc" in modes else text
+    fold = str.casefold if "casefold" in modes else str.lower if "lowercase" in modes else None
+    if fold is not None:
+        parts = _OPERATORS.split(t)  # odd items are the operators
+        t = "".join(p if i % 2 else fold(p) for i, p in enumerate(parts))
+    if "whitespace" in modes:
+        t = _SPACE.sub(" ", t).strip()
+    return t
 
 
 def canonical_filters(filters: Any) -> bytes:

@@ -4,7 +4,8 @@ A source's version has two channels: the one the ingestion pipeline pushes (`POS
 /admin/sources/{name}/version`; before any push, the static `cache.sources` value, else "0") and
 the one observed on the source (a retrieval response's version header or field, or a version
 probe). Values are opaque and ordered by first arrival, per channel: a value seen before never
-becomes current again, so a lagging replica's response cannot roll a source back and bring back
+becomes current again (the store remembers every value for as long as the source's state lives,
+up to `VERSIONS_MAX`, refusing new ones past it rather than forgetting old ones), so a lagging replica's response cannot roll a source back and bring back
 the entries a newer version retired. The two are composed into the partition version. A push, a
 probe's answer or a response that carries the current value confirms it (`SourceState.confirmed`),
 which is what lets an entry older than its source's staleness bound be served. Kept in the
@@ -32,10 +33,16 @@ CONFIRM_EVERY_S = 1.0  # a replica re-confirms an unchanged observed version at 
 Probe = Callable[[], Awaitable[str | None]]  # asks the source for its version (None: no answer)
 
 
+class ProbeRefused(Exception):
+    """The source refused the probe's credentials (401/403): the caller's, not the source's, fault."""
+
+
 def probed_version(field: str | None, header: str, status: int, body: bytes,
                    headers: Mapping[str, str]) -> str | None:
     """The version a probe's answer names: the JSON `field` (a dotted path) of its body, else its
-    `header`; None for an error answer or one that names none."""
+    `header`; None for an error answer or one that names none. Raises ProbeRefused for 401/403."""
+    if status in (401, 403):
+        raise ProbeRefused(f"the source answered the version probe {status}")
     if status >= 400:
         return None
     if field:
@@ -61,6 +68,10 @@ class SourceStore(Protocol):
     async def claim_probe(self, source: str, now: float, interval: float) -> tuple[bool, dict[str, str]]:
         """Whether this caller may probe `source` (recorded, so no one else may within `interval`
         seconds), and the source's fields (another replica's probe answer, when not)."""
+        ...
+
+    async def release_probe(self, source: str, claimed_at: float) -> None:
+        """Undo the claim made at `claimed_at` if no one claimed since (a refused probe claims nothing)."""
         ...
 
 
@@ -120,8 +131,9 @@ class Versions:
         fields, current = await self._store.advance_source(source, PUSHED, version, self._now())
         self._remember(source, fields)
         if not current:
-            raise VersionSuperseded(f"source {source!r} has moved past version {version!r}; "
-                                    "versions only move forward: push a new value")
+            raise VersionSuperseded(f"source {source!r} has moved past version {version!r} (or has named "
+                                    "VERSIONS_MAX values within their lifetime); versions only move "
+                                    "forward: push a new value")
         return state_of(fields, self._static.get(source))
 
     async def observe(self, source: str, version: str) -> tuple[SourceState, bool]:
@@ -139,7 +151,8 @@ class Versions:
 
     async def confirm(self, source: str, bound: float, probe: Probe) -> SourceState:
         """The source's state, confirmed by `probe` if it was not within `bound` seconds. The probe runs
-        at most once per `bound` per source (across replicas: a claim in the store), one at a time."""
+        at most once per `bound` per source (across replicas: a claim in the store), one at a time. A
+        probe the source refused (401/403: the asking caller's credentials) claims nothing."""
         running = self._probes.get(source)
         if running is None:
             running = self._probes[source] = asyncio.get_running_loop().create_task(self._probe(source, bound, probe))
@@ -157,6 +170,11 @@ class Versions:
         self._probed[source] = now
         try:
             version = await probe()
+        except ProbeRefused:
+            # this caller's credentials, not the source: the claim goes back, the next caller may probe
+            self._probed.pop(source, None)
+            await self._store.release_probe(source, now)
+            return await self.state(source)
         except Exception:  # noqa: BLE001 - a failed probe confirms nothing; entries past the bound miss
             version = None
         if version is None:

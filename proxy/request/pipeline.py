@@ -25,9 +25,19 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from ragtoll.instrumentation import semconv as sc
 
+from ..adapters.base import DUPLICATE_KEY
 from ..config import Settings
 from ..core import queries
-from ..errors import BodyTooLarge, Overloaded, RagtollError, Rejected, RequestTimeout, UpstreamTimeout, render
+from ..errors import (
+    BadRequest,
+    BodyTooLarge,
+    Overloaded,
+    RagtollError,
+    Rejected,
+    RequestTimeout,
+    UpstreamTimeout,
+    render,
+)
 from ..model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, TaskRef
 from .body import ClientDisconnected, RequestBody
 from .buffers import Held, InspectBytes
@@ -213,7 +223,12 @@ class Pipeline:
         return span
 
     async def _admit(self, ex: Exchange, ran: list[Stage]) -> Reply | None:
-        """Every stage's `on_request` in order; the local answer, if any (see `Exchange`)."""
+        """Every stage's `on_request` in order; the local answer, if any (see `Exchange`). A body
+        holding a key twice is refused first, on every route whose body ragtoll reads: ragtoll and
+        the upstream could read two different requests from it."""
+        if ex.call.parse_error and ex.call.parse_error.startswith(DUPLICATE_KEY):
+            raise BadRequest(f"the request body holds a {ex.call.parse_error[len('duplicate '):]}; send each key once",
+                             code="duplicate_json_key")
         for stage in self.stages:
             ran.append(stage)
             reply = await stage.on_request(ex)

@@ -139,6 +139,29 @@ class BudgetStage(Stage):
                 ex.degraded_bound = "local"
         return self._admit(ex, plan, reserved)
 
+    async def wait_allowance(self, ex: Exchange) -> float | None:
+        """How long this call may wait for a duplicate retrieval in flight (the cache stage asks,
+        before it waits): 0 when its task has already used a limit up or passed its deadline (the
+        reservation refuses it next, at once); else the seconds left to `max_latency_ms`; None when
+        the task has no deadline yet, or the store cannot say (then the call's read timeout bounds it)."""
+        if ex.task is None:
+            return None
+        try:
+            async with asyncio.timeout(self.store.timeout_s):
+                ledger = await self.store.store.get_task(ex.task.id)
+        except Exception:  # noqa: BLE001 - the reservation after it meets the store trouble again
+            return None
+        if ledger is None or not ledger.profile or self._shadow(ledger.profile):
+            return None
+        if ledger.exhausted:
+            return 0.0
+        now = self._wall_ms()
+        limits, _ = self._limits(ledger.profile, dict(ex.task.baggage), ex.task.id, now)
+        deadline = limits.get("max_latency_ms")
+        if deadline is None or not ledger.started_ms:
+            return None
+        return max(0.0, (ledger.started_ms + deadline - now) / 1000)
+
     def _plan(self, ex: Exchange) -> _Plan:
         """The task's profile, the call's price and its charge. An unreadable body is refused here."""
         assert ex.task is not None

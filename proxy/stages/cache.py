@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,11 +30,12 @@ from ..cache import acl, calibration
 from ..cache.audit import Auditor, compare
 from ..cache.embedders import Embedder, make_embedder
 from ..cache.evidence import EvidenceCache, Filing, Lookup, Query, age_of
+from ..cache.flights import FAILED, GONE, MAX_FAILURES, UNFILED
 from ..cache.partition import Partition, selector
 from ..cache.replies import metadata_words, trim_results
 from ..cache.versions import Probe, SourceState, Versions, probed_version
 from ..config import Settings, Timeouts, UpstreamConfig
-from ..errors import BadRequest
+from ..errors import BadRequest, UpstreamError, UpstreamTimeout, UpstreamUnavailable
 from ..model import Principal
 from ..request.caller import AMBIGUOUS
 from ..request.exchange import CacheOutcome, Exchange, Reply, Stage, contract
@@ -92,6 +93,9 @@ class CacheStage(Stage):
                                              description="The error bound semantic hits are served under, by "
                                                          "route (cache.max_error, tightened by the audit)")
         self._background: set[asyncio.Task[None]] = set()
+        # how long a duplicate may wait for a retrieval in flight as its task stands (seconds; 0: its
+        # deadline has passed; None: no deadline): the budget stage's, set by the app when budgets run
+        self.wait_allowance: Callable[[Exchange], Awaitable[float | None]] | None = None
         # misses whose evidence is still to be filed: the response can reach the client before
         # `on_end` has stored it (tests and drains wait for zero)
         self.pending_filings = 0
@@ -134,6 +138,8 @@ class CacheStage(Stage):
                 hit, pending = await self._lookup_retrieval(ex, principal, "no-cache" in control, store)
             else:
                 hit, pending = await self._lookup_exact(ex, principal, "no-cache" in control)
+        except UpstreamError:
+            raise  # the failure of the duplicate in flight this call waited for (`_wait`) is its own
         except Exception as exc:  # noqa: BLE001 - a store or embedder failure is a miss, never an error
             if ex.span is not None:
                 ex.span.record_exception(exc)
@@ -193,7 +199,7 @@ class CacheStage(Stage):
                 ex.span.record_exception(exc)
         finally:
             if pending.lookup is not None:
-                self.cache.end(pending.lookup)
+                self.cache.end(pending.lookup, *_outcome(ex))
             self.pending_filings -= 1
 
     # --- retrieval --------------------------------------------------------------------------------
@@ -217,10 +223,7 @@ class CacheStage(Stage):
         if lk.wait is not None:
             t0 = time.perf_counter()
             try:
-                landed = await asyncio.wait_for(asyncio.shield(lk.wait.landed), (ex.timeouts or up.timeouts).read)
-                await self.cache.admit(lk, landed)
-            except TimeoutError:
-                lk.reason = "inflight:timeout"
+                await self._wait(ex, lk, store)
             except BaseException:
                 self.cache.end(lk)
                 raise
@@ -235,6 +238,45 @@ class CacheStage(Stage):
         if lk.tier == "semantic" and self.auditor.sample():
             self._spawn(self._audit(ex, lk, hit))
         return hit, None
+
+    async def _wait(self, ex: Exchange, lk: Lookup, lead: bool) -> None:
+        """Wait for the retrieval in flight `lk.wait`, and be served its answer (`cache.admit`).
+        Never past the call's own read timeout, nor its task's deadline (`wait_allowance`, asked
+        before waiting: a task already past it goes on at once, to its budget's refusal). A leader
+        that failed hands the key to one waiter (`cache.relay`); the others wait for that one. After
+        flights.MAX_FAILURES upstream failures in a row, the failure is this call's too (502)."""
+        up = ex.route.upstream
+        limit = read = (ex.timeouts or up.timeouts).read
+        if self.wait_allowance is not None:
+            left = await self.wait_allowance(ex)
+            if left is not None:
+                limit = min(read, left)
+        until = time.perf_counter() + limit
+        while lk.wait is not None:
+            flight = lk.wait
+            left = until - time.perf_counter()
+            if left <= 0 and limit < read:
+                lk.wait, lk.reason = None, "inflight:deadline"  # the budget refuses it next
+                return
+            try:
+                landed = await asyncio.wait_for(asyncio.shield(flight.landed), max(left, 0.0))
+            except TimeoutError:
+                if limit < read:
+                    lk.wait, lk.reason = None, "inflight:deadline"
+                    return
+                raise UpstreamTimeout(f"the same query, in flight for another call, was not answered within "
+                                      f"this call's read timeout ({read:g} s); not sent again") from None
+            if landed is not None or flight.outcome == UNFILED:
+                await self.cache.admit(lk, landed)  # served, or a miss of its own (not servable, unfiled)
+                lk.wait = None
+                return
+            if flight.outcome == FAILED and flight.failures + 1 >= MAX_FAILURES:
+                raise UpstreamUnavailable(
+                    f"the upstream failed {flight.failures + 1} times in a row for this query (last status "
+                    f"{flight.status or 'none'}) while this call waited for it; not sent again",
+                    upstream_status=flight.status)
+            self.cache.relay(lk, flight, lead=lead)
+            lk.reason = "inflight:relay"
 
     def _entry(self, ex: Exchange, lk: Lookup, body: bytes) -> tuple[Entry, str | None] | None:
         """The entry a miss's answer becomes, and the version it carried; None when it cannot be filed."""
@@ -423,7 +465,24 @@ def evidence_cache(settings: Settings, store: EvidenceStore, client: UpstreamCli
                                                       cfg.audit_step, max_error=cfg.max_error),
                          calibration=calibration.shipped() if cfg.max_error < 1 else None,
                          min_top_margin=cfg.min_top_margin, max_staleness_s=cfg.max_staleness_s, staleness=staleness,
+                         normalize=cfg.normalize,
+                         normalize_routes={u.name: u.cache.normalize for u in settings.upstreams
+                                           if u.cache.normalize is not None},
                          clock=clock)
+
+
+def _outcome(ex: Exchange) -> tuple[str, int | None]:
+    """How a leader that landed nothing ended, for its waiters (cache.flights): the upstream answered
+    but nothing was filed (UNFILED); the upstream failed (FAILED: 5xx, 408, 429, timeout, broken);
+    or the leader's own failure (GONE: refused credentials or another 4xx that may be this caller's
+    request, its client gone, its call refused here)."""
+    status = ex.status
+    if ex.outcome == "upstream_error" or (status is not None and (status >= 500 or status in (408, 429))
+                                          and ex.outcome != "rejected"):
+        return FAILED, status
+    if status is not None and 200 <= status < 300 and ex.outcome == "ok":
+        return UNFILED, status
+    return GONE, status
 
 
 def _version(ex: Exchange, field: str | None, doc: Any) -> str | None:

@@ -62,6 +62,14 @@ class Entry:
         )
 
 
+# Distinct values a source's version channel may name while its state lives (VERSION_TTL_S after
+# its last change); a value seen is remembered that long, so no number of newer values brings it
+# back as new. Past the cap a new value is refused: the source stops moving forward (its answers
+# are not filed, older entries are served only within the staleness bound) - never backward.
+VERSIONS_MAX = 100_000
+VERSION_TTL_S = 30 * 24 * 3600
+
+
 class EvidenceStore(Protocol):
     """Entries and their query vectors, per partition. Every key expires after `ttl_s`.
 
@@ -97,12 +105,19 @@ class EvidenceStore(Protocol):
 
     async def advance_source(self, source: str, channel: str, value: str, now: float) -> tuple[dict[str, str], bool]:
         """Atomically: confirm `value` if it is the channel's current one, make it current if never seen
-        (arrival order), else leave the source as it is; the fields after, and whether `value` is current."""
+        (arrival order), else leave the source as it is; the fields after, and whether `value` is current.
+        A value seen before never becomes current again while the source's state lives (no window to
+        exhaust); past `VERSIONS_MAX` distinct values a new one is refused (not current)."""
         ...
 
     async def claim_probe(self, source: str, now: float, interval: float) -> tuple[bool, dict[str, str]]:
         """Whether no probe of `source` was claimed in the last `interval` seconds (then this one is);
         the source's fields."""
+        ...
+
+    async def release_probe(self, source: str, claimed_at: float) -> None:
+        """Undo the claim made at `claimed_at` (a probe the source refused with 401/403 confirms
+        nothing, so it must not hold off the next caller's); a later claim is left alone."""
         ...
 
     async def get_threshold(self, scope: str) -> float | None:

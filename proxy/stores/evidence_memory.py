@@ -11,16 +11,13 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from .evidence import Entry
+from .evidence import VERSION_TTL_S, VERSIONS_MAX, Entry
 
 if TYPE_CHECKING:
     import numpy as np
 
-# A source version is small and rarely written; keep it for a long while but not forever.
-VERSION_TTL_S = 30 * 24 * 3600
 # A threshold the self-audit raised: kept as long, renewed by every further raise.
 THRESHOLD_TTL_S = VERSION_TTL_S
-VERSIONS_KEPT = 1000  # values remembered per source and channel (an older one could come back as new)
 
 _V = TypeVar("_V")
 
@@ -46,8 +43,8 @@ class MemoryEvidenceStore:
         self._lru: OrderedDict[tuple[str, str], tuple[Entry, float]] = OrderedDict()
         self._parts: dict[str, _Partition] = {}
         self._bytes = 0
-        # source -> ((its version fields, the values seen per channel -> arrival order), expiry)
-        self._sources: dict[str, tuple[tuple[dict[str, str], dict[tuple[str, str], int]], float]] = {}
+        # source -> ((its version fields, the values seen per channel -> when first seen), expiry)
+        self._sources: dict[str, tuple[tuple[dict[str, str], dict[str, dict[str, float]]], float]] = {}
         self._thresholds: dict[str, tuple[float, float]] = {}
 
     def __len__(self) -> int:
@@ -148,18 +145,22 @@ class MemoryEvidenceStore:
 
     async def advance_source(self, source: str, channel: str, value: str, now: float) -> tuple[dict[str, str], bool]:
         fields, seen = self._unexpired(self._sources, source) or ({}, {})
+        values = seen.setdefault(channel, {})  # value -> when first seen, oldest first
         current = True
         if fields.get(channel) == value:
             fields[channel + "_at"] = repr(now)
-        elif (channel, value) in seen:
+        elif value in values:
             current = False  # seen before and superseded: never current again
         else:
-            if channel in fields:
-                seen.setdefault((channel, fields[channel]), len(seen))
-            seen[(channel, value)] = len(seen)
-            fields[channel], fields[channel + "_at"] = value, repr(now)
-            while sum(1 for c, _ in seen if c == channel) > VERSIONS_KEPT:
-                del seen[next(k for k in seen if k[0] == channel)]  # the oldest of the channel
+            while values and now - next(iter(values.values())) > VERSION_TTL_S:
+                del values[next(iter(values))]  # as old as the state itself may live
+            if len(values) >= VERSIONS_MAX:
+                current = False  # full: refused rather than forgetting an old value that could return
+            else:
+                if channel in fields:
+                    values.setdefault(fields[channel], now)
+                values[value] = now
+                fields[channel], fields[channel + "_at"] = value, repr(now)
         self._sources[source] = ((fields, seen), self._clock() + VERSION_TTL_S)
         return dict(fields), current
 
@@ -170,6 +171,11 @@ class MemoryEvidenceStore:
             fields["probed_at"] = repr(now)
         self._sources[source] = ((fields, seen), self._clock() + VERSION_TTL_S)
         return claimed, dict(fields)
+
+    async def release_probe(self, source: str, claimed_at: float) -> None:
+        found = self._unexpired(self._sources, source)
+        if found is not None and found[0].get("probed_at") == repr(claimed_at):
+            del found[0]["probed_at"]
 
     async def get_threshold(self, scope: str) -> float | None:
         return self._unexpired(self._thresholds, scope)

@@ -15,11 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .evidence import Entry
+from .evidence import VERSION_TTL_S, VERSIONS_MAX, Entry
 from .redis import connect
 
-VERSION_TTL_S = 30 * 24 * 3600
-VERSIONS_KEPT = 1000  # values remembered per source and channel (an older one could come back as new)
 THRESHOLD_TTL_S = VERSION_TTL_S  # a threshold the self-audit raised; renewed by every further raise
 # raise, never lower: concurrent raises from two replicas keep the higher threshold
 _RAISE = """
@@ -32,8 +30,10 @@ return tostring(new)
 
 
 # A source's version channel moves forward only: the value current already is confirmed; one never
-# seen becomes current (its arrival order recorded); one seen before and superseded changes nothing.
-# KEYS: the source's hash, the channel's seen set. ARGV: channel, value, now, ttl, values kept.
+# seen becomes current (when first seen recorded); one seen before and superseded changes nothing.
+# Values are forgotten only once older than the state's own TTL, never to make room: at the cap a
+# new value is refused (the source stops moving, never moves back).
+# KEYS: the source's hash, the channel's seen set. ARGV: channel, value, now, ttl, cap.
 _ADVANCE = """
 local cur = redis.call('HGET', KEYS[1], ARGV[1])
 local current = 1
@@ -42,14 +42,14 @@ if cur == ARGV[2] then
 elseif redis.call('ZSCORE', KEYS[2], ARGV[2]) then
   current = 0
 else
-  local top = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-  local order = 1
-  if top[2] then order = tonumber(top[2]) + 1 end
-  if cur then redis.call('ZADD', KEYS[2], 'NX', order, cur); order = order + 1 end
-  redis.call('ZADD', KEYS[2], order, ARGV[2])
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. '_at', ARGV[3])
-  local n = redis.call('ZCARD', KEYS[2])
-  if n > tonumber(ARGV[5]) then redis.call('ZREMRANGEBYRANK', KEYS[2], 0, n - tonumber(ARGV[5]) - 1) end
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[4])))
+  if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[5]) then
+    current = 0
+  else
+    if cur then redis.call('ZADD', KEYS[2], 'NX', ARGV[3], cur) end
+    redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+    redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[1] .. '_at', ARGV[3])
+  end
 end
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 redis.call('EXPIRE', KEYS[2], ARGV[4])
@@ -65,6 +65,11 @@ if last == nil or tonumber(ARGV[1]) - last >= tonumber(ARGV[2]) then
   claimed = 1
 end
 return {claimed, redis.call('HGETALL', KEYS[1])}
+"""
+# undo a claim still ours (a refused probe): ARGV: the claim's time, as claimed
+_RELEASE = """
+if redis.call('HGET', KEYS[1], 'probed_at') == ARGV[1] then redis.call('HDEL', KEYS[1], 'probed_at') end
+return 0
 """
 
 
@@ -192,13 +197,16 @@ class RedisEvidenceStore:
     async def advance_source(self, source: str, channel: str, value: str, now: float) -> tuple[dict[str, str], bool]:
         state, seen = _source(source)
         current, flat = await self.client.eval(_ADVANCE, 2, state, seen + channel, channel, value, repr(now),
-                                               VERSION_TTL_S, VERSIONS_KEPT)
+                                               VERSION_TTL_S, VERSIONS_MAX)
         return _fields(flat), bool(current)
 
     async def claim_probe(self, source: str, now: float, interval: float) -> tuple[bool, dict[str, str]]:
         claimed, flat = await self.client.eval(_CLAIM, 1, _source(source)[0], repr(now), repr(float(interval)),
                                                VERSION_TTL_S)
         return bool(claimed), _fields(flat)
+
+    async def release_probe(self, source: str, claimed_at: float) -> None:
+        await self.client.eval(_RELEASE, 1, _source(source)[0], repr(claimed_at))
 
     async def get_threshold(self, scope: str) -> float | None:
         raw = await self.client.hget(_audit(scope), "threshold")

@@ -361,18 +361,31 @@ async def test_a_duplicate_waits_for_the_retrieval_in_flight(cache: Cache) -> No
     assert (await cache.call(ALICE)).proposal is not None  # and it was filed
 
 
-async def test_a_duplicate_of_a_failed_retrieval_goes_upstream_itself(cache: Cache) -> None:
+async def test_a_duplicate_of_a_failed_retrieval_leads_the_retry(cache: Cache) -> None:
+    """Issue 30: the waiters of a failed leader all went upstream at once; one leads the retry now,
+    the others wait for it, and a second upstream failure in a row is theirs too (502)."""
     import asyncio
+
+    from ragtoll.proxy.errors import UpstreamUnavailable
 
     first = cache.xs("docs", QUERY, headers=ALICE)
     await cache.stage.on_request(first)
-    second = cache.xs("docs", QUERY, headers=ALICE)
-    waiting = asyncio.get_running_loop().create_task(cache.stage.on_request(second))
+    waiters = [cache.xs("docs", QUERY, headers=ALICE) for _ in range(3)]
+    waiting = [asyncio.get_running_loop().create_task(cache.stage.on_request(w)) for w in waiters]
     await asyncio.sleep(0.01)
     answer(first, {"error": "boom"}, status=500)
     await cache.stage.on_end(first)
-    await asyncio.wait_for(waiting, 1)
-    assert second.proposal is None and cache.xs.finished(second).attributes[sc.CACHE_REASON] == "inflight:unfiled"
+    await asyncio.wait_for(waiting[0], 1)
+    second = waiters[0]  # the first waiter to wake leads the retry: it goes upstream, the others wait for it
+    assert second.proposal is None and cache.xs.finished(second).attributes[sc.CACHE_REASON] == "inflight:relay"
+    assert second.filing is not None and second.filing.lookup is not None and second.filing.lookup.flight is not None
+    await asyncio.sleep(0.01)
+    assert not any(w.done() for w in waiting[1:])
+    answer(second, {"error": "boom"}, status=503)
+    await cache.stage.on_end(second)
+    for w in waiting[1:]:
+        with pytest.raises(UpstreamUnavailable):
+            await asyncio.wait_for(w, 1)
 
 
 async def test_an_answer_read_whole_is_filed_even_if_its_client_left(cache: Cache) -> None:
@@ -383,3 +396,32 @@ async def test_an_answer_read_whole_is_filed_even_if_its_client_left(cache: Cach
     ex.outcome = "client_disconnect"  # ...and then the client went away before reading it
     await cache.stage.on_end(ex)
     assert (await cache.call(ALICE)).proposal is not None
+
+
+async def test_a_leader_refused_for_its_own_credentials_does_not_count_as_an_upstream_failure(cache: Cache) -> None:
+    """A 401 is the leader's, not the upstream's: the next waiter asks with its own credentials, and
+    the waiters only get a failure after two upstream failures (5xx) in a row."""
+    import asyncio
+
+    from ragtoll.proxy.errors import UpstreamUnavailable
+
+    leader = cache.xs("docs", QUERY, headers=ALICE)
+    await cache.stage.on_request(leader)
+    waiters = [cache.xs("docs", QUERY, headers=ALICE) for _ in range(4)]
+    waiting = [asyncio.get_running_loop().create_task(cache.stage.on_request(w)) for w in waiters]
+    await asyncio.sleep(0.01)
+    for status in (401, 500, 502):  # each failed leader hands the key to the next waiter
+        answer(leader, {"error": "no"}, status=status)
+        await cache.stage.on_end(leader)
+        await asyncio.sleep(0.01)
+        led = [w for w, t in zip(waiters, waiting, strict=True) if t.done() and w.filing is not None
+               and w.filing.lookup is not None and w.filing.lookup.flight is not None and w.status is None]
+        if status == 502:
+            break
+        assert len(led) == 1
+        leader = led[0]
+    for t in waiting:
+        if not t.done() or t.exception() is not None:
+            with pytest.raises(UpstreamUnavailable):
+                await asyncio.wait_for(t, 1)
+    assert sum(t.exception() is None for t in waiting) == 2  # two retries went upstream; the others failed

@@ -157,7 +157,7 @@ REFUSED = [
             "agent": {"image": {"repository": "a"}, "ports": [{"name": "prom", "containerPort": 9464}]},
             "metrics": {"enabled": True},
         },
-        '[ERROR] agent.ports "prom" uses port 9464, which ragtoll\'s metrics listener uses in the same pod',
+        "[ERROR] agent.ports 'prom' uses port 9464, which ragtoll's metrics listener uses in the same pod",
     ),
 ]
 
@@ -169,7 +169,7 @@ def test_metrics_values_that_cannot_work_are_refused_by_install_and_lint(
     with pytest.raises(helm.HelmRenderError) as caught:
         render(values)
     assert message in str(caught.value)
-    assert any(message in f.replace('\\"', '"').replace("\\'", "'") for f in lint(values))
+    assert any(message in f for f in lint(values))
 
 
 @pytest.mark.parametrize(

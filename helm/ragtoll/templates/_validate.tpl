@@ -53,10 +53,10 @@ rendered in every mode.
 {{- if not $gateway -}}
 {{- range .Values.agent.ports -}}
 {{- if and $metricsPort (eq (int .containerPort) $metricsPort) -}}
-{{- include "ragtoll-sidecar.fail" (printf "[ERROR] agent.ports %q uses port %d, which ragtoll's metrics listener uses in the same pod (metrics.port). Change one of them." .name $metricsPort) -}}
+{{- include "ragtoll-sidecar.fail" (printf "[ERROR] agent.ports '%s' uses port %d, which ragtoll's metrics listener uses in the same pod (metrics.port). Change one of them." .name $metricsPort) -}}
 {{- end -}}
 {{- if eq (int .containerPort) $port -}}
-{{- include "ragtoll-sidecar.fail" (printf "[ERROR] agent.ports %q uses port %d, which ragtoll listens on in the same pod. Change the agent's port or config.server.port." .name $port) -}}
+{{- include "ragtoll-sidecar.fail" (printf "[ERROR] agent.ports '%s' uses port %d, which ragtoll listens on in the same pod. Change the agent's port or config.server.port." .name $port) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

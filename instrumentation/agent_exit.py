@@ -100,7 +100,14 @@ def bounded_exit(env: Mapping[str, str] | None = None) -> None:
     from opentelemetry import _logs  # the Logs API lives in an underscored module (still unstable)
 
     providers = (trace.get_tracer_provider(), metrics.get_meter_provider(), _logs.get_logger_provider())
-    late = shutdown_within(timeout_ms, providers)
+    # an agent that shut its providers down itself has nothing left to send; the meter provider
+    # then logs that it was shut down twice, which says nothing to the user
+    sdk_metrics = logging.getLogger("opentelemetry.sdk.metrics._internal")
+    sdk_metrics.addFilter(_not_twice)
+    try:
+        late = shutdown_within(timeout_ms, providers)
+    finally:
+        sdk_metrics.removeFilter(_not_twice)
     if late:
         _log.warning(
             "ragtoll: telemetry not exported within %d ms at exit (no OTLP collector answering at %s?); "
@@ -110,6 +117,10 @@ def bounded_exit(env: Mapping[str, str] | None = None) -> None:
             ENV_TIMEOUT,
             timeout_ms,
         )
+
+
+def _not_twice(record: logging.LogRecord) -> bool:
+    return record.getMessage() != "shutdown can only be called once"
 
 
 def register() -> None:

@@ -147,3 +147,26 @@ def test_exit_timeout_comes_from_env_and_a_bad_value_keeps_the_default(
     assert "RAGTOLL_EXPORT_EXIT_TIMEOUT_MS='soon' ignored" in caplog.text
     assert agent_exit.collector({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}) == "localhost:4317 (gRPC)"
     assert agent_exit.collector({}) == "http://localhost:4318"
+
+
+def test_an_agent_that_shut_its_providers_down_itself_hears_nothing_more(tmp_path: Path) -> None:
+    script = tmp_path / "tidy.py"
+    script.write_text(
+        "from opentelemetry import metrics, trace\n"
+        "metrics.get_meter_provider().shutdown()\n"
+        "trace.get_tracer_provider().shutdown()\n"
+        "print('agent done', flush=True)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGTOLL_"))}
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{unused_port()}", OTEL_LOGS_EXPORTER="none")
+    done = subprocess.run(
+        [INSTRUMENT, sys.executable, str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=MUST_EXIT_WITHIN_S,
+        check=False,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "agent done", done.stderr
+    assert "shutdown can only be called once" not in done.stderr
+    assert "ragtoll: telemetry not exported" not in done.stderr

@@ -5,7 +5,7 @@
 
 Each engine runs in fresh interpreters that first import what every engine shares (yaml, orjson,
 ragtoll's errors and adapter registry), then time (a) importing the engine and defining the schema,
-(b) the first load of the README's "fuller file" and (c) warm loads of it and of a file with 20
+(b) the first load of the docs' "fuller file" (docs/configuration.md) and (c) warm loads of it and of a file with 20
 upstreams and 10 profiles. Then (d) each engine's message for a handful of bad values, raw and after
 a generic translation (one function per engine that reads the library's error path, value and
 reason; no code per field). The msgspec and pydantic schemas are derived from ragtoll's dataclasses
@@ -41,10 +41,10 @@ ENGINES = ("dataclasses", "msgspec", "pydantic")
 
 
 def fuller_file() -> str:
-    """The README's "fuller file" (section Configuration), so the bench follows the README."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The docs' "fuller file" (docs/configuration.md), so the bench follows the docs."""
+    text = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
     match = re.search(r"A fuller file:\n\n```yaml\n(.*?)```", text, re.DOTALL)
-    assert match, "README.md no longer has its 'A fuller file:' block"
+    assert match, "docs/configuration.md no longer has its 'A fuller file:' block"
     return match.group(1)
 
 

@@ -3,8 +3,8 @@
 Encoding a span as OTLP protobuf is Python work that holds the GIL (~60 µs a span plus ~5 µs per
 attribute on the project's machine; a call span carries ~60 attributes), and a thread holding the
 GIL delays the event loop up to the switch interval each time it wants it back: the span export
-was the largest share of ragtoll's CPU per call and of its p99 (bench/bench_tail.py, README
-"Performance"). Here the SDK's BatchSpanProcessor still batches in this process, and its thread
+was the largest share of ragtoll's CPU per call and of its p99 (bench/bench_tail.py,
+docs/performance.md). Here the SDK's BatchSpanProcessor still batches in this process, and its thread
 hands each finished batch to one child process as plain tuples (~15 µs a span to copy and pickle);
 the child rebuilds `ReadableSpan`s and calls the same OTLP exporter ragtoll would use in-process
 (instrumentation/setup.py). Nothing is encoded or exported here, and nothing is lost in the copy:

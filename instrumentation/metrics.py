@@ -36,13 +36,14 @@ OUTCOMES = frozenset({"ok", "rejected", "upstream_error", "client_disconnect", "
 CACHE_RESULTS = frozenset({"hit", "miss", "bypass", "denied", "stale", "error"})
 CACHE_TIERS = frozenset({"exact", "semantic", "embeddings", "rerank", "none"})
 END_REASONS = frozenset({"explicit", "idle", "exceeded", "expired"})
+DEGRADED_BOUNDS = frozenset({"local", "none"})
 
 # Every attribute key any ragtoll metric may carry. Nothing per task, per trace or per user.
 ALLOWED_KEYS = frozenset({
     sc.GEN_AI_OPERATION_NAME, sc.GEN_AI_PROVIDER_NAME, sc.GEN_AI_REQUEST_MODEL, sc.GEN_AI_RESPONSE_MODEL,
     sc.GEN_AI_TOKEN_TYPE, sc.ERROR_TYPE, sc.UPSTREAM, sc.UPSTREAM_KIND, sc.OUTCOME,
     sc.BUDGET_EXCEEDED_DIMENSION, sc.BUDGET_MODE, sc.CACHE_RESULT, sc.CACHE_TIER, sc.PROFILE,
-    sc.COST_ESTIMATED, sc.BUDGET_EXCEEDED, sc.TASK_END_REASON,
+    sc.COST_ESTIMATED, sc.BUDGET_EXCEEDED, sc.TASK_END_REASON, sc.BUDGET_DEGRADED_BOUND,
 })
 
 # Shapes of ids that must never be label values even when they fit a set's size: 128/64-bit hex
@@ -123,6 +124,10 @@ class Metrics:
         self.task_calls = meter.create_histogram(
             sc.METRIC_TASK_CALLS, unit="{call}", description="Calls of a task when it ends",
             explicit_bucket_boundaries_advisory=CALLS_BUCKETS)
+        self.degraded_admissions = meter.create_counter(
+            sc.METRIC_BUDGET_DEGRADED_ADMISSIONS, unit="{call}",
+            description="Calls admitted while the budget store's answer was unknown, by what bounded them "
+                        "(local: the replica's local ledger; none: nothing)")
 
     def record_call(
         self,
@@ -181,6 +186,10 @@ class Metrics:
             }))
         self.overhead.record(max(duration_s - upstream_s, 0.0), self._attributes({
             sc.UPSTREAM_KIND: _one_of(KINDS, kind), sc.OUTCOME: _one_of(OUTCOMES, outcome)}))
+
+    def record_degraded_admission(self, bound: str) -> None:
+        """One call admitted while the budget store's answer was unknown; `bound`: local or none."""
+        self.degraded_admissions.add(1, self._attributes({sc.BUDGET_DEGRADED_BOUND: _one_of(DEGRADED_BOUNDS, bound)}))
 
     def record_cache_lookup(self, result: str, tier: str | None = None) -> None:
         self.cache_lookups.add(1, self._attributes({

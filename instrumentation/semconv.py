@@ -133,6 +133,9 @@ QUERY_NEW = "ragtoll.query.new"
 PARSE_ERROR = "ragtoll.parse_error"
 RESPONSE_UNREAD = "ragtoll.response.unread"  # why ragtoll stopped reading a response (it passed on unread)
 DEGRADED = "ragtoll.degraded"
+# what bounded a call admitted while the budget store's answer was unknown: `local` (the replica's
+# local ledger, same limits per task) or `none` (nothing: forwarded unbudgeted)
+BUDGET_DEGRADED_BOUND = "ragtoll.budget.degraded.bound"
 OUTCOME = "ragtoll.outcome"
 STREAM = "ragtoll.stream"
 BYTES_OUT = "ragtoll.response.bytes"
@@ -166,3 +169,6 @@ METRIC_COST = "ragtoll.cost"
 METRIC_OVERHEAD = "ragtoll.proxy.overhead"
 METRIC_TASK_COST = "ragtoll.task.cost"
 METRIC_TASK_CALLS = "ragtoll.task.calls"
+# calls admitted while the budget store's answer was unknown (Prometheus:
+# ragtoll_budget_degraded_admissions_total), by BUDGET_DEGRADED_BOUND
+METRIC_BUDGET_DEGRADED_ADMISSIONS = "ragtoll.budget.degraded_admissions"

@@ -42,7 +42,7 @@ from .stages.outcome import OutcomeStage
 from .stages.principal import PrincipalStage
 from .stages.span import SpanStage
 from .stores import Stores, open_stores
-from .stores.principals import open_principal_store
+from .stores.principals import local_principal_store, open_principal_store
 from .tasks.admin import AdminApi
 from .tasks.records import TaskEnder, open_sink
 
@@ -94,7 +94,7 @@ class RagtollApp:
         self.router = Router(settings.upstreams)
         self.identifier = Identifier(settings.tasks)
         # identity config (a JWT secret, a JWKS file) is checked here: a bad one stops start-up
-        self.callers = CallerResolver(settings.identity, self.env)
+        self.callers = CallerResolver(settings.identity, self.env, anonymous=settings.principals.anonymous)
         budget_hmac_key(settings, self.env)  # a weak or unreadable key stops start-up too
         self.pipeline: Pipeline | None = None
         self.stores: Stores | None = None
@@ -107,6 +107,7 @@ class RagtollApp:
         self.metrics = Metrics(self.meter_provider, upstreams=[u.name for u in settings.upstreams],
                                profiles=list(settings.budgets.profiles), version=__version__)
         self.cache: CacheStage | None = None  # the cache stage while serving (its lifespan)
+        self.warmed = False  # the store answered and its scripts are loaded (`/readyz` waits for it)
         self.starlette = Starlette(
             routes=[
                 HttpRoute("/healthz", self.healthz, methods=["GET", "HEAD"]),
@@ -127,6 +128,7 @@ class RagtollApp:
         and the cache's), the stores (one store client for budgets, cache and audit), the stages."""
         client = UpstreamClient(self.settings.upstreams)
         stores = self.stores = open_stores(self.settings)
+        self.warmed = False
         # Build the token encodings now, not on the first LLM call (about 0.3 s).
         await asyncio.get_running_loop().run_in_executor(None, tokens.warm)
         budgets = self.settings.budgets
@@ -137,7 +139,8 @@ class RagtollApp:
                                 tracer_provider=self.tracer_provider, meter_provider=self.meter_provider) \
             if self.settings.cache.enabled else None
         principals = open_principal_store(self.settings, stores.budget)
-        principal = PrincipalStage(self.settings, principals) if principals is not None else None
+        principal = PrincipalStage(self.settings, principals, fallback=local_principal_store(self.settings)) \
+            if principals is not None else None
         stages = build_stages(self.settings, stores=stores, cache=self.cache, env=self.env, ender=ender,
                               principal=principal)
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.callers,
@@ -152,15 +155,17 @@ class RagtollApp:
         # out of the garbage collector's full passes, which otherwise grow with it.
         gc.freeze()
         sweeper = asyncio.get_running_loop().create_task(_sweep(ender, self.settings.tasks.idle_timeout_s))
+        warmer = asyncio.get_running_loop().create_task(self._warm(stores))
         if self.on_started is not None:
             self.on_started()
         try:
             yield
         finally:
             self.draining = True
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+            for background in (sweeper, warmer):
+                background.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await background
             # Calls in flight finish (up to the grace period) before their stores and client close;
             # then the tasks this process holds end (records, task spans) or are handed over.
             with contextlib.suppress(TimeoutError):
@@ -181,6 +186,22 @@ class RagtollApp:
             await client.aclose()
             self.stores = None
             await stores.aclose()
+
+    async def _warm(self, stores: Stores) -> None:
+        """Warm the store (connections, scripts) until it answers; then this replica may say ready.
+        In the background: a store that is away keeps `/readyz` at 503, never the process from starting."""
+        delay = 0.05
+        while True:
+            try:
+                async with asyncio.timeout(max(1.0, self.settings.store_timeout_ms / 1000 * 4)):
+                    await stores.budget.warm()
+            except Exception as exc:  # noqa: BLE001 - not ready yet: again, a little later
+                log.info("store not ready yet: %s", type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            self.warmed = True
+            return
 
     def drain(self) -> None:
         """SIGTERM: refuse new calls (503, `shutting_down`); the lifespan's end waits for the rest."""
@@ -217,6 +238,8 @@ class RagtollApp:
         if self.draining:
             return JSONResponse({"status": "draining"}, status_code=503)
         store = "memory" if self.settings.store == "memory" else self.settings.store.partition("://")[0]
+        if not self.warmed:  # connections and scripts not ready: a burst now would time out on them
+            return JSONResponse({"status": "warming", "store": store}, status_code=503)
         try:
             async with asyncio.timeout(self.settings.store_timeout_ms / 1000):
                 await self.stores.budget.ping()
@@ -251,6 +274,8 @@ class RagtollApp:
             budget_mode=("shadow" if adm.shadow else "enforce") if adm else None,
             cache_result=cache.result if cache else None, cache_tier=cache.tier if cache else None,
         )
+        if ex.degraded_bound is not None:
+            self.metrics.record_degraded_admission(ex.degraded_bound)
 
     def _task_ended(self, record: dict[str, Any]) -> None:
         """A task ended: its `ragtoll.task` summary span (in the task's trace) and task metrics."""

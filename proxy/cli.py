@@ -131,25 +131,32 @@ def _add_principal_command(sub: argparse._SubParsersAction[argparse.ArgumentPars
                                               "credential or address")
     pid.add_argument("--subject", help="a verified identity: the JWT `sub`, or the gateway's subject header")
     pid.add_argument("--tenant", default="", help="its tenant (JWT tenant claim / tenant header), if any")
-    for header in ("authorization", "api-key", "x-api-key"):
+    for header in ("authorization", "api-key", "x-api-key", "x-chroma-token"):
         pid.add_argument(f"--{header}", metavar="VALUE",
-                         help=f"the {header} header the caller sends, exactly ('-': read it from stdin)")
+                         help=f"the {header} header the caller sends ('-': read it from stdin); give the one "
+                              "header the route's upstream authenticates by")
     pid.add_argument("--address", help="the client address (callers that send no credential)")
 
 
 def _principal_id(args: argparse.Namespace) -> int:
     """The id the proxy gives such a caller (core/principals.py): subject, else credential, else address."""
-    from .core.principals import CREDENTIAL_HEADERS, credential, principal_id
+    from .core.principals import canonical_credential, principal_id
 
-    headers = {h: getattr(args, h.replace("-", "_")) or "" for h in CREDENTIAL_HEADERS}
+    names = ("authorization", "api-key", "x-api-key", "x-chroma-token")
+    headers = {h: getattr(args, h.replace("-", "_")) or "" for h in names}
     for h, value in headers.items():
         if value == "-":
             headers[h] = sys.stdin.readline().rstrip("\r\n")
-    if not (args.subject or any(headers.values()) or args.address):
-        print("ragtoll: give --subject, a credential (--authorization, --api-key, --x-api-key) or --address",
-              file=sys.stderr)
+    given = [h for h in names if headers[h]]
+    if len(given) > 1:
+        print("ragtoll: give one credential header, the one the route's upstream authenticates by "
+              "(its adapter's first; docs: Task identity)", file=sys.stderr)
         return 2
-    print(principal_id(args.subject, args.tenant, credential(headers), args.address or ""))
+    if not (args.subject or given or args.address):
+        print("ragtoll: give --subject, a credential (--authorization, --api-key, --x-api-key, --x-chroma-token) "
+              "or --address", file=sys.stderr)
+        return 2
+    print(principal_id(args.subject, args.tenant, canonical_credential(headers, names), args.address or ""))
     return 0
 
 

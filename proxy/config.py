@@ -403,7 +403,7 @@ DEFAULT_FINISH_COST_USD = 0.05  # the finish allowance's cost when a profile nam
 # (finish), a refused search answers empty (agents that end on a tool error go on); the counts and
 # cost are ceilings for a loop that never retrieves or whose every search is new (progress limits
 # do not stop an agent that asks a new question each time: max_retrieval_calls does), and one
-# prompt may hold at most 128k tokens. Measured on bench/eval_agents (README).
+# prompt may hold at most 128k tokens. Measured on bench/eval_agents (docs/evaluations.md).
 DEFAULT_PROFILES: FrozenMap[str, Profile] = FrozenMap({
     "bounded": Profile(
         max_steps=40, max_retrieval_calls=40, max_cost_usd=1.0, max_prompt_tokens=128_000,
@@ -645,6 +645,9 @@ class PrincipalsConfig:
 
     default: PrincipalLimits = PrincipalLimits()
     overrides: Mapping[str, PrincipalLimits] = EMPTY
+    # a caller with no verified identity and no credential: known by its address (`addr:<ip>`, so
+    # callers behind one NAT share it), or refused with a 401 (gateways that require a credential)
+    anonymous: Literal["address", "refuse"] = "address"
 
     def __post_init__(self) -> None:
         _freeze(self, "overrides")
@@ -673,7 +676,7 @@ class TelemetryConfig:
     service_name: str = "ragtoll"
     # thread: the SDK's batch thread in ragtoll's own process encodes and sends spans (holding the GIL
     # meanwhile); process: a child process does (instrumentation/export.py), which frees ragtoll's
-    # core but costs more CPU in all (the copy and rebuild): measured, README "Performance"
+    # core but costs more CPU in all (the copy and rebuild): measured, docs/performance.md
     export: Literal["process", "thread"] = "thread"
 
     def validate(self, where: str) -> None:

@@ -72,6 +72,15 @@ class AclDenied(Rejected):
     type = "permission_error"
 
 
+class Unauthorized(Rejected):
+    """The caller's identity was presented and failed verification (a JWT that is invalid, expired
+    or forged), or it presented none where `principals.anonymous: refuse` requires one."""
+
+    status = 401
+    code = "unauthorized"
+    type = "authentication_error"
+
+
 class TaskRequired(Rejected):
     status = 400
     code = "task_required"

@@ -7,7 +7,7 @@ of a chunked request instead of adding them to the request's headers, answers a 
 both Content-Length and Transfer-Encoding by the chunked framing and closes the connection, and its
 `backpressure` bounds the connections served at once (the rest wait in the listen backlog). The
 body read timeout is the app's (app.py), since only it knows when a body is still wanted.
-Measured against uvicorn in bench/bench_proxy.py (README "Performance").
+Measured against uvicorn in bench/bench_proxy.py (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -2,5 +2,5 @@
 
 Agent styles (agents.py) with their scripted model (policies.py) over one workload (workload.py,
 data/), run through ragtoll in shadow and enforced mode (harness.py), scored against gold and an
-oracle (scoring.py). A benchmark, not part of the test suite; README, "bench/eval_agents".
+oracle (scoring.py). A benchmark, not part of the test suite; docs/evaluations.md, "bench/eval_agents".
 """

@@ -58,7 +58,7 @@ def stack_up() -> Iterator[Stack]:
 
 
 def routes(stack: Stack) -> list[dict[str, Any]]:
-    """The demo's three routes (README, "The config the demo builds")."""
+    """The demo's three routes (docs/evaluations.md, "The config the demo builds")."""
     return [
         {"name": "llm", "kind": "llm", "api": "openai", "url": stack.llm, "prefix": "/llm"},
         {

@@ -32,6 +32,7 @@ class AnthropicAdapter:
     error_style = "anthropic"
     reject_status = 429  # the Anthropic SDK honours x-should-retry: false
     reads_body = True
+    credential_headers = ("x-api-key", "authorization")  # the API key; else an OAuth Bearer token
 
     empty_result = staticmethod(no_empty_result)
     def __init__(self, upstream: UpstreamInfo) -> None:

@@ -76,6 +76,10 @@ class Adapter(Protocol):
     # tests/e2e/test_budget_guards.py); `budgets.reject_status` overrides it for every route
     reject_status: int
     reads_body: bool  # False: the request body streams through unread
+    # the request headers (lower case) this API's upstream authenticates a caller by, in the order it
+    # prefers them: the first one sent names the caller's principal (core/principals.py), so a header
+    # the upstream ignores never gives a caller another one
+    credential_headers: tuple[str, ...]
 
     def parse_request(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> Call: ...
 

@@ -52,6 +52,7 @@ class OpenAIAdapter:
     error_style = "openai"
     reject_status = 429  # the OpenAI SDK honours x-should-retry: false
     reads_body = True
+    credential_headers = ("authorization", "api-key")  # Bearer; Azure OpenAI's `api-key`
 
     empty_result = staticmethod(no_empty_result)
     def __init__(self, upstream: UpstreamInfo) -> None:

@@ -15,6 +15,7 @@ class PassthroughAdapter:
     error_style = "plain"
     reject_status = 429  # clients unknown: the usual status, with x-should-retry: false
     reads_body = False
+    credential_headers = ("authorization", "api-key", "x-api-key")  # upstream unknown: the usual ones
     stream_end = staticmethod(no_stream_end)
     finish = staticmethod(no_finish)
     cap_output = staticmethod(no_cap_output)

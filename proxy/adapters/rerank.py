@@ -41,6 +41,7 @@ class _RerankAdapter:
     error_style = "plain"
     reject_status = 429  # TEI clients: the usual status, with x-should-retry: false
     reads_body = True
+    credential_headers: tuple[str, ...] = ("authorization",)  # Cohere and TEI: Bearer
     stream_end = staticmethod(no_stream_end)
     finish = staticmethod(no_finish)
     cap_output = staticmethod(no_cap_output)

@@ -41,6 +41,7 @@ class JsonRetrievalAdapter:
     error_style = "plain"
     reject_status = 429  # qdrant-client does not retry a 429
     reads_body = True
+    credential_headers: tuple[str, ...] = ("authorization", "api-key", "x-api-key")  # upstream unknown
     stream_end = staticmethod(no_stream_end)
     finish = staticmethod(no_finish)
     cap_output = staticmethod(no_cap_output)

@@ -22,6 +22,7 @@ class QdrantAdapter(JsonRetrievalAdapter):
     """`POST /collections/{c}/points/search` and `/points/query` (REST)."""
 
     name = "qdrant"
+    credential_headers = ("api-key", "authorization")  # the API key; else a Bearer (JWT RBAC)
     defaults: ClassVar[Mapping[str, str]] = {"id": "id", "score": "score", "text": "payload.text", "source": "payload.source",
                 "filters": "filter", "top_k": "limit"}
     _PATH = re.compile(r"/collections/([^/]+)/points/(search|query)$")
@@ -74,6 +75,7 @@ class ChromaAdapter(JsonRetrievalAdapter):
     query; every query's rows become chunks. Chroma scores are distances (lower is nearer)."""
 
     name = "chroma"
+    credential_headers = ("x-chroma-token", "authorization")  # Chroma's token header; else Bearer / Basic
     defaults: ClassVar[Mapping[str, str]] = {"source": "source"}  # `source` and `acl` are paths inside each result's metadata
     _PATH = re.compile(r"/collections/([^/]+)/query$")
 
@@ -164,6 +166,7 @@ class ElasticsearchAdapter(JsonRetrievalAdapter):
     Filters are the whole DSL minus the query text and vector, so any structural change is a new intent."""
 
     name = "elasticsearch"
+    credential_headers = ("authorization",)  # ApiKey, Bearer or Basic
     defaults: ClassVar[Mapping[str, str]] = {"results": "hits.hits", "id": "_id", "score": "_score", "text": "_source.text",
                 "source": "_source.source"}
     _PATH = re.compile(r"^(?:/([^/_][^/]*))?/_search$")

@@ -2,9 +2,12 @@
 rolling windows, and the admit rule the memory store and the Redis scripts share.
 
 A principal is, in order: the verified identity (JWT subject, or the trusted gateway's header in
-`identity.mode: header`) -> `sub:<tenant>/<subject>`; else a SHA-256 of the credential the caller
-sent (Authorization / api-key / x-api-key, never stored raw) -> `key:<32 hex>`; else the client
-address -> `addr:<ip>`. `ragtoll principal-id` prints the same ids for operators' overrides.
+`identity.mode: header`) -> `sub:<tenant>/<subject>`; else a SHA-256 of the credential the route's
+upstream authenticates by (`canonical_credential`: the first of the adapter's `credential_headers`
+the caller sent, in canonical form; never stored raw) -> `key:<32 hex>`; else the client address
+-> `addr:<ip>`. Canonical, because a principal that a caller could rename by spelling (a scheme in
+another case, extra spaces, one more credential-looking header the upstream ignores) would give it
+a fresh budget per spelling. `ragtoll principal-id` prints the same ids for operators' overrides.
 
 Windows: new tasks are counted over the last 60 s exactly (one entry per new task); cost per hour
 is the sum of the last 60 minute buckets (the current one included: 59-60 minutes back), cost per
@@ -32,13 +35,37 @@ DAY_BUCKETS = 24  # hour buckets summed for the day
 SCOPE = "principal"  # the `scope` of a principal rejection (a task's own budget is scope `task`)
 
 
+# Credential-looking headers: the ones an adapter that does not name its own may authenticate by,
+# in the order the first one sent is taken (adapters declare theirs: `Adapter.credential_headers`).
 CREDENTIAL_HEADERS = ("authorization", "api-key", "x-api-key")
 
 
-def credential(headers: Mapping[str, str]) -> str:
-    """The credential a caller sent: the headers the upstream authenticates by, joined (only NULs
-    when it sent none). Only ever hashed, never stored."""
-    return "\x00".join(headers.get(h, "") for h in CREDENTIAL_HEADERS)
+def credential(headers: Mapping[str, str], names: tuple[str, ...] = CREDENTIAL_HEADERS) -> str:
+    """Every credential-looking header a caller sent, raw and joined (only NULs when it sent none):
+    the anonymous cache principal, which errs towards telling callers apart. Only ever hashed."""
+    extra = tuple(n for n in names if n not in CREDENTIAL_HEADERS)
+    return "\x00".join(headers.get(h, "") for h in CREDENTIAL_HEADERS + extra)
+
+
+def canonical_credential(headers: Mapping[str, str], names: tuple[str, ...] = CREDENTIAL_HEADERS) -> str:
+    """The credential that names a principal: the first of `names` (the route's upstream's credential
+    headers, in its order of precedence) the caller sent with a value, as `<header>:<value>` with
+    the value canonical (`canonical_value`); "" when it sent none. Other headers never change it."""
+    for name in names:
+        value = canonical_value(name, headers.get(name, ""))
+        if value:
+            return f"{name}:{value}"
+    return ""
+
+
+def canonical_value(name: str, value: str) -> str:
+    """A credential header's value as the upstream reads it: whitespace trimmed and runs of it made
+    one space; the scheme of an `authorization` value (`Bearer`, `Basic`, `ApiKey`) in lower case,
+    as HTTP auth schemes are case-insensitive (RFC 9110 11.1)."""
+    parts = value.split()
+    if name == "authorization" and len(parts) > 1:
+        parts[0] = parts[0].lower()
+    return " ".join(parts)
 
 
 def subject_id(subject: str, tenant: str = "") -> str:
@@ -52,10 +79,10 @@ def credential_id(credential: str) -> str:
 
 
 def principal_id(subject: str | None, tenant: str, credential: str, address: str) -> str:
-    """`subject`: a verified identity's, or None. `credential`: `credential(headers)`."""
+    """`subject`: a verified identity's, or None. `credential`: `canonical_credential(headers, ...)`."""
     if subject:
         return subject_id(subject, tenant)
-    if credential.strip("\x00"):
+    if credential:
         return credential_id(credential)
     return f"addr:{address or 'unknown'}"
 

@@ -7,8 +7,15 @@ a JWKS file; expiry, audience and issuer checked; `alg: none` never accepted); `
 auth gateway's headers - and only in that mode; a gateway that sends groups and no subject gets a
 subject derived from the groups and tenant; `none` keys an anonymous principal by a hash of the
 credential the caller sent, so callers the upstream tells apart never share private entries.
-A token that fails verification gives no principal (the cache bypasses the call). An identity
-header sent twice is ambiguous (`identity:ambiguous`), never a union.
+A token that fails verification (invalid, expired, forged) is refused: `Caller.refusal`, a 401 the
+pipeline answers, never a fall back to another principal. An identity header sent twice is
+ambiguous (`identity:ambiguous`), never a union.
+
+The principal budgets count by is canonical (core/principals.py): the credential the route's
+upstream authenticates by (`credential_headers`), so a caller cannot rename itself by spelling; a
+credential header sent twice is refused (400), not guessed between. A caller with neither a
+verified identity nor a credential is anonymous: its principal is its address
+(`principals.anonymous: address`), or it is refused with a 401 (`refuse`, for gateways).
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ import xxhash
 
 from ..config import IdentityConfig
 from ..core import principals as pc
-from ..errors import ConfigError
+from ..errors import BadRequest, ConfigError, Rejected, Unauthorized
 from ..model import Principal
 from ..secrets import jwt_secret
 
@@ -48,13 +55,19 @@ class Caller:
     id: str
     reason: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
+    refusal: Rejected | None = None  # set: the call is answered with it, never forwarded
+
+
+ANONYMOUS = "identity:anonymous"
 
 
 class CallerResolver:
-    def __init__(self, config: IdentityConfig, env: Mapping[str, str]) -> None:
-        """`env`: where the JWT secret named by config is read (secrets.jwt_secret)."""
+    def __init__(self, config: IdentityConfig, env: Mapping[str, str], *, anonymous: str = "address") -> None:
+        """`env`: where the JWT secret named by config is read (secrets.jwt_secret); `anonymous`:
+        `principals.anonymous` (address: such callers are known by their address; refuse: 401)."""
         self.config = config
         self.mode = config.mode
+        self.refuse_anonymous = anonymous == "refuse"
         self._secret: str | None = None
         self._jwks: dict[str, Any] = {}
         self._single_key: Any = None
@@ -104,8 +117,10 @@ class CallerResolver:
             return frozenset({h.subject.lower(), h.groups.lower(), h.tenant.lower()})
         return frozenset()
 
-    def resolve(self, headers: Mapping[str, str], repeated: Collection[str] = (), client: str = "") -> Caller:
-        """The caller of a request with these headers (names in lower case) from address `client`.
+    def resolve(self, headers: Mapping[str, str], repeated: Collection[str] = (), client: str = "",
+                credential_headers: tuple[str, ...] = pc.CREDENTIAL_HEADERS) -> Caller:
+        """The caller of a request with these headers (names in lower case) from address `client`
+        on a route whose upstream authenticates by `credential_headers` (its adapter's).
         `repeated`: header names the request sent more than once; one of the identity headers
         among them is `identity:ambiguous`, never a union."""
         if repeated and not self.identity_headers.isdisjoint(repeated):
@@ -115,12 +130,31 @@ class CallerResolver:
         elif self.mode == "header":
             principal, reason, notes = self._from_headers(headers)
         else:
-            cred = pc.credential(headers)
-            anonymous = Principal("anonymous:" + xxhash.xxh3_64_hexdigest(cred.encode()))
-            return Caller(anonymous, pc.principal_id(None, "", cred, client))
+            principal = Principal("anonymous:" + xxhash.xxh3_64_hexdigest(
+                pc.credential(headers, credential_headers).encode()))
+            reason, notes = "", ()
         if principal is not None and principal.authenticated:
             return Caller(principal, pc.subject_id(principal.subject, principal.tenant), reason, notes)
-        return Caller(principal, pc.principal_id(None, "", pc.credential(headers), client), reason, notes)
+        if self.mode == "jwt" and reason != "identity:missing":
+            # a token was presented and failed: refused, never counted as someone else
+            return Caller(None, f"addr:{client or 'unknown'}", reason, notes, refusal=Unauthorized(
+                f"the bearer token was refused ({reason}); send a valid, unexpired token", reason=reason))
+        return self._unverified(principal, reason, notes, headers, repeated, client, credential_headers)
+
+    def _unverified(self, principal: Principal | None, reason: str, notes: tuple[str, ...],
+                    headers: Mapping[str, str], repeated: Collection[str], client: str,
+                    names: tuple[str, ...]) -> Caller:
+        """A caller without a verified identity: known by its canonical credential, else its address."""
+        cred = pc.canonical_credential(headers, names)
+        if cred and cred.partition(":")[0] in repeated:
+            name = cred.partition(":")[0]
+            return Caller(principal, pc.principal_id(None, "", cred, client), reason, notes, refusal=BadRequest(
+                f"the credential header {name!r} was sent more than once; send it once", header=name))
+        if not cred and self.refuse_anonymous:
+            return Caller(principal, f"addr:{client or 'unknown'}", reason or ANONYMOUS, notes, refusal=Unauthorized(
+                "this gateway refuses anonymous callers (principals.anonymous: refuse); send the credential "
+                f"the upstream authenticates by ({', '.join(names)})", reason=ANONYMOUS))
+        return Caller(principal, pc.principal_id(None, "", cred, client), reason, notes)
 
     def _from_headers(self, headers: Mapping[str, str]) -> _Found:
         h = self.config.header

@@ -96,6 +96,9 @@ class Exchange:
     new_chunks: int | None = None  # a retrieval read whole: how many of its chunks are new to the task
     settlement: Settlement | None = None  # what the task's ledger was finally charged for this call
     degraded: str | None = None  # why the budget did not apply (store trouble, on_store_error: open)
+    # an admission while the store's answer was unknown: `local` (the local ledger bounded it) or
+    # `none` (nothing did); metrics count it (ragtoll.budget.degraded_admissions)
+    degraded_bound: str | None = None
     # a stage that cut the upstream timeout short (the budget's deadline): what to answer instead of
     # a retryable 504 when that timeout expires (None: the 504 stands)
     timeout_error: Callable[[], RagtollError | None] | None = None

@@ -69,11 +69,14 @@ class Pipeline:
         try:
             target = self.router.target(route, scope.get("raw_path") or scope["path"].encode(), scope["query_string"])
             task = self.identifier.identify(headers, address, duplicated)
+            caller = self.callers.resolve(headers, duplicated, address, route.adapter.credential_headers)
+            if caller.refusal is not None:  # a token that failed, a refused anonymous caller
+                raise caller.refusal
         except Rejected as exc:
             await _send_error(send, exc, route.adapter.error_style, [])
             return
         ex = Exchange(route, scope["method"], target, headers, raw_headers, address, time.perf_counter(), task=task,
-                      caller=self.callers.resolve(headers, duplicated, address), timeouts=route.upstream.timeouts)
+                      caller=caller, timeouts=route.upstream.timeouts)
         request_body = ex.request_body = RequestBody(receive, headers, self._max_body,
                                                      asyncio.get_running_loop().time() + self._body_timeout)
         ex.response_headers.append((TASK_HEADER_OUT, task.id.encode()))

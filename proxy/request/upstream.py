@@ -10,7 +10,7 @@ Trace context is set here, per request: toward an upstream marked trusted, the c
 call span's) through the configured propagators; toward any other, none (the caller's traceparent,
 tracestate and baggage are removed too). The exchange has no span of its own: the call span already
 times it and holds its status, and opentelemetry-instrumentation-httpx's span cost a span and a
-header normalisation per call (bench/bench_tail.py, README "Performance").
+header normalisation per call (bench/bench_tail.py, docs/performance.md).
 
 TLS (a private CA, a client certificate for mTLS), connection limits and an optional outbound
 proxy are per upstream (config.UpstreamConfig). Engine exceptions, including those raised while a
@@ -31,7 +31,7 @@ from typing import Any
 # being read, and the read timer is dropped with it (the garbage-mid-body case of
 # tests/reliability/test_upstream_faults.py). Its pure-Python parser raises at once. aiohttp's
 # documented switch picks the parser when aiohttp is first imported; the cost, measured in
-# bench/bench_proxy.py, is in the README. If something imported aiohttp before ragtoll, `PARSER`
+# bench/bench_proxy.py, is in docs/performance.md. If something imported aiohttp before ragtoll, `PARSER`
 # says which parser is in use.
 os.environ.setdefault("AIOHTTP_NO_EXTENSIONS", "1")
 import aiohttp

@@ -7,8 +7,10 @@ beyond what it holds; a refused call never reaches the upstream and raises `Budg
 (the pipeline renders it with `x-should-retry: false`); every response carries
 `x-ragtoll-budget-remaining`. A local answer another stage proposed (a cache hit) is charged as
 a call. Store calls go through `stores.breaker.Breaker` (bounded by `store_timeout_ms`, skipped for
-a moment per failure domain after a failure); a failing store forwards and marks the call
-degraded (`on_store_error: open`) or answers 503 (`closed`).
+a moment per failure domain after a failure). While the store's answer is unknown, `on_store_error:
+open` decides on the breaker's local ledger (same limits per task; the call is marked degraded and
+counted in `ragtoll.budget.degraded_admissions` with bound `local`), `closed` answers 503. A call
+forwarded with no budget at all (bound `none`) is a bug's path only: it is counted the same way.
 
 One call's steps, each a small function over its typed values: `_plan` (profile, price, charge),
 `_reserve` (the store's decision; a profile conflict or an escalation reserves again), `_finish`
@@ -18,6 +20,7 @@ stream's hold and deadline), `StreamGuard` (extend while streaming), `_settle` (
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import time
@@ -42,7 +45,8 @@ from ..model import Call
 from ..redact import redact
 from ..request.exchange import Exchange, Reply, Stage, contract
 from ..stores.base import Decision, Store, TaskMeta
-from ..stores.breaker import Breaker
+from ..stores.breaker import LOCAL_MAX_TASKS, Breaker
+from ..stores.memory import MemoryStore
 from . import exhaustion
 from .budget_span import flush_record, record_degraded, record_reservation, record_settlement
 from .stream_guard import StreamGuard
@@ -88,7 +92,8 @@ class _Reserved:
 class BudgetStage(Stage):
     contract = contract(
         reads="task caller proposal call body route headers span timeouts",
-        writes="admission stream_state budget_record body timeouts timeout_error degraded outcome response_headers",
+        writes="admission stream_state budget_record body timeouts timeout_error degraded degraded_bound outcome "
+               "response_headers",
         response_reads="admission stream_state budget_record task call observation route target span",
         response_writes="new_chunks settlement stream_state budget_record gate",
         end_reads="admission stream_state budget_record settlement task call observation status span route",
@@ -111,6 +116,7 @@ class BudgetStage(Stage):
         self._units: dict[str, dict[str, int]] = {}  # profile -> its limits in internal units
         self.progress_rules = ProgressRules()
         self._queries = RecentQueries()
+        self._forgetting: set[asyncio.Task[None]] = set()  # local ledgers of ended tasks, being let go
 
     # --- before forwarding ------------------------------------------------------------------------
 
@@ -123,6 +129,11 @@ class BudgetStage(Stage):
         except Exception as exc:  # noqa: BLE001 - any store failure: open or closed, never hang
             self._store_failed(ex, exc)
             return None
+        if reserved.decision.degraded:  # the local ledger decided: the store's answer is unknown
+            ex.degraded = f"budget store: {reserved.decision.degraded}; decided on the local ledger"
+            record_degraded(ex.span, ex.degraded, on_store_error="open", bound="local")
+            if reserved.decision.admitted:
+                ex.degraded_bound = "local"
         return self._admit(ex, plan, reserved)
 
     def _plan(self, ex: Exchange) -> _Plan:
@@ -181,7 +192,14 @@ class BudgetStage(Stage):
         sel, decision = refused.sel, refused.decision
         to = exhaustion.escalation(self._profile(sel.profile), decision, self._shadow(sel.profile))
         task_id = ex.task.id  # type: ignore[union-attr]
-        if to is None or not await self.store.escalate(task_id, sel.profile, to, decision.dimension or ""):
+        if to is None:
+            return None
+        try:  # the ledger that refused decides; a store that fails now leaves the refusal standing
+            climbed_ok = await self.store.escalate(task_id, sel.profile, to, decision.dimension or "",
+                                                   local=bool(decision.degraded))
+        except Exception:  # noqa: BLE001
+            return None
+        if not climbed_ok:
             return None
         note = f"escalated from {sel.profile!r} to {to!r}: {decision.dimension} refused a task still making progress"
         climbed = Selection(to, "escalated", sel.cls, sel.reason, (*sel.notes, note))
@@ -305,6 +323,10 @@ class BudgetStage(Stage):
     def on_task_end(self, task_id: str) -> None:
         self.profiles.forget(task_id)
         self._queries.forget(task_id)
+        if self.store.fallback is not None:
+            forget = asyncio.get_running_loop().create_task(self.store.forget(task_id))
+            self._forgetting.add(forget)
+            forget.add_done_callback(self._forgetting.discard)
 
     def _limits(self, profile: str, baggage: dict[str, str], task_id: str, now_ms: int) -> tuple[dict[str, int], list[str]]:
         """The call's limits in internal units (never mutated by callers) and notes on its baggage."""
@@ -367,6 +389,7 @@ class BudgetStage(Stage):
 
     def _store_failed(self, ex: Exchange, exc: BaseException) -> None:
         store_failed(self.settings, ex, exc, "budget store")
+        ex.degraded_bound = "none"  # open: forwarded with no budget (closed raised above)
 
     def _headers(self, ex: Exchange, adm: Admission, d: Decision, now: int) -> tuple[dict[str, Any], dict[str, float]]:
         """The budget response headers; returns what is left and the warnings, for the span."""
@@ -516,9 +539,12 @@ class BudgetStage(Stage):
 
 
 def breaker_for(settings: Settings, store: Store, wall_ms: Callable[[], int] | None = None) -> Breaker:
-    """The budget store behind the breaker every budget step goes through (made once, in the lifespan)."""
+    """The budget store behind the breaker every budget step goes through (made once, in the
+    lifespan); with `on_store_error: open` and a shared store, the local ledger it falls back on."""
+    fallback = MemoryStore(LOCAL_MAX_TASKS) if settings.on_store_error == "open" and settings.store != "memory" \
+        else None
     return Breaker(store, settings.store_timeout_ms / 1000, wall_ms or (lambda: int(time.time() * 1000)),
-                   settings.budgets.reservation_ttl_s * 1000)
+                   settings.budgets.reservation_ttl_s * 1000, fallback=fallback)
 
 
 def store_failed(settings: Settings, ex: Exchange, exc: BaseException, what: str) -> None:

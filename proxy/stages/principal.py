@@ -6,8 +6,10 @@ a refused call never reaches the upstream and raises `BudgetExceeded` with `scop
 (the pipeline renders it as every budget rejection, `x-should-retry: false`); an admitted call's
 settled spend (`ex.settlement`, which the budget stage after it writes in its `on_end`, so before
 this one's) is charged to the principal in `on_end`; a task stops counting as live when it ends
-(`on_task_end`: records end, idle sweep, admin end). A failing store forwards and marks the call
-degraded (`on_store_error: open`) or answers 503 (`closed`). The principal is `ex.caller.id`.
+(`on_task_end`: records end, idle sweep, admin end). While the store's answer is unknown (it
+failed, or failed moments ago), `on_store_error: open` decides on a local ledger (`fallback`, the
+memory store's rule and the same limits; every settled cost this replica sees is charged to it
+too) and marks the call degraded; `closed` answers 503. The principal is `ex.caller.id`.
 """
 
 from __future__ import annotations
@@ -27,16 +29,21 @@ from ..request.exchange import Exchange, Reply, Stage, contract
 from ..stores.breaker import STORE_RETRY_MS
 from ..stores.principals import PrincipalDecision, PrincipalStore
 from .budget import REMAINING_HEADER, store_failed
+from .budget_span import record_degraded
 
 
 class PrincipalStage(Stage):
-    contract = contract(reads="task caller route span", writes="charged_principal degraded response_headers",
+    contract = contract(reads="task caller route span",
+                        writes="charged_principal degraded degraded_bound response_headers",
                         end_reads="charged_principal settlement span")
 
-    def __init__(self, settings: Settings, store: PrincipalStore, *, wall_ms: Callable[[], int] | None = None) -> None:
+    def __init__(self, settings: Settings, store: PrincipalStore, *, wall_ms: Callable[[], int] | None = None,
+                 fallback: PrincipalStore | None = None) -> None:
+        """`fallback`: the local ledger (stores.principals.local_principal_store), or None."""
         self.settings = settings
         self.cfg = settings.principals
         self.store = store
+        self.fallback = fallback
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
         self._timeout_s = settings.store_timeout_ms / 1000
         self._shadow = settings.budgets.mode == "shadow"
@@ -67,8 +74,16 @@ class PrincipalStage(Stage):
             async with asyncio.timeout(self._timeout_s):
                 decision = await self.store.admit(principal, ex.task.id, limits, now, self._shadow)
         except Exception as exc:  # noqa: BLE001 - any store failure: open or closed, never hang
-            self._store_failed(ex, exc, now)
-            return None
+            if self.fallback is None:
+                self._store_failed(ex, exc, now)
+                return None
+            if not isinstance(exc, StoreUnavailable):
+                self._down_until = now + STORE_RETRY_MS
+            decision = await self.fallback.admit(principal, ex.task.id, limits, now, self._shadow)
+            ex.degraded = f"principal store: {type(exc).__name__}; decided on the local ledger"
+            record_degraded(ex.span, ex.degraded, on_store_error="open", bound="local")
+            if decision.admitted:
+                ex.degraded_bound = "local"
         self._annotate(ex, principal, limits, decision)
         if not decision.admitted:  # the task's budget is not consulted: the header names what is spent
             ex.response_headers.append((REMAINING_HEADER, sf_dictionary({decision.dimension or "unknown": 0})))
@@ -82,6 +97,8 @@ class PrincipalStage(Stage):
         if principal is None or settled is None or settled.cost_nusd <= 0:
             return
         cost = settled.cost_nusd
+        if self.fallback is not None:  # the local ledger's cost windows: what this replica saw settle
+            await self.fallback.charge(principal, cost, self._wall_ms())
         try:
             async with asyncio.timeout(self._timeout_s):
                 await self.store.charge(principal, cost, self._wall_ms())
@@ -101,6 +118,8 @@ class PrincipalStage(Stage):
             await asyncio.gather(*self._releases, return_exceptions=True)
 
     async def _release(self, task_id: str) -> None:
+        if self.fallback is not None:
+            await self.fallback.release(task_id)
         try:
             async with asyncio.timeout(self._timeout_s * 4):
                 await self.store.release(task_id)

@@ -58,6 +58,9 @@ class Decision:
     # admitted retrievals: the chunk ids the task had already seen (None: more than SEEN_CHUNKS_CAP),
     # so `x-ragtoll-evidence` can count what is new without waiting for the settle round trip
     seen_chunks: frozenset[str] | None = None
+    # why the shared store's answer is unknown, when this decision is the local ledger's instead
+    # (stores.breaker, `on_store_error: open`); "" when the store decided
+    degraded: str = ""
 
 
 # A task with more chunks than this gets its retrieval novelty from the settle instead.
@@ -154,6 +157,11 @@ class Store(Protocol):
 
     async def ping(self) -> None:
         """Raise if the store cannot answer."""
+        ...
+
+    async def warm(self) -> None:
+        """Make ready for a burst (connections open, server-side scripts loaded); raise if the
+        store cannot answer. `/readyz` says ready only once it has succeeded."""
         ...
 
     async def aclose(self) -> None: ...

@@ -227,6 +227,9 @@ class MemoryStore:
     async def ping(self) -> None:
         return None
 
+    async def warm(self) -> None:
+        return None  # nothing to connect or load
+
     async def aclose(self) -> None:
         return None
 

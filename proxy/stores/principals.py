@@ -179,8 +179,19 @@ def open_principal_store(settings: Settings, budget: Any) -> PrincipalStore | No
     when `principals:` sets no limit."""
     if not settings.principals.enabled:
         return None
-    # a task idle past the longest a reservation can stay in flight is presumed lost with its replica
-    stale_ms = int((settings.tasks.idle_timeout_s + settings.budgets.reservation_ttl_s) * 1000)
     if settings.store == "memory":
-        return MemoryPrincipalStore(stale_ms)
-    return RedisPrincipalStore(budget, stale_ms=stale_ms, owner_ttl_s=settings.budgets.task_ttl_s)
+        return MemoryPrincipalStore(_stale_ms(settings))
+    return RedisPrincipalStore(budget, stale_ms=_stale_ms(settings), owner_ttl_s=settings.budgets.task_ttl_s)
+
+
+def local_principal_store(settings: Settings) -> MemoryPrincipalStore | None:
+    """The local ledger a shared principal store's stage decides on while the store's answer is
+    unknown (`on_store_error: open`; stores/breaker.py does the same for task budgets), or None."""
+    if not settings.principals.enabled or settings.store == "memory" or settings.on_store_error != "open":
+        return None
+    return MemoryPrincipalStore(_stale_ms(settings))
+
+
+def _stale_ms(settings: Settings) -> int:
+    # a task idle past the longest a reservation can stay in flight is presumed lost with its replica
+    return int((settings.tasks.idle_timeout_s + settings.budgets.reservation_ttl_s) * 1000)

@@ -32,6 +32,9 @@ from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, new_reservation_id, reser
 
 MAX_LOCAL_TASKS = 200_000
 MAX_IN_FLIGHT = 64  # store commands in flight per process; more wait (within the caller's timeout)
+WARM_CONNECTIONS = 16  # pooled connections opened before the replica says it is ready
+# every server-side script (stores/scripts/*.lua): loaded before ready (`warm`)
+SCRIPTS = ("reserve", "extend", "cancel", "settle", "end", "escalate", "principal_admit", "principal_charge")
 # the task hash's text fields -> Ledger attributes (the Lua scripts write "class" for Ledger.cls)
 _TEXT_FIELDS = {"task_id": "task_id", "profile": "profile", "class": "cls", "route": "route",
                 "source": "source", "trace_id": "trace_id"}
@@ -269,6 +272,16 @@ class RedisStore:
         if not self._ready:
             await self._initialize()
         await self.client.ping()
+
+    async def warm(self, connections: int = WARM_CONNECTIONS) -> None:
+        """Ready for a burst: the slot map learnt (Cluster), every script in the server's script
+        cache (on every primary), and `connections` pooled connections open, so the first calls
+        after start neither connect nor compile and stay within `store_timeout_ms`."""
+        if not self._ready:
+            await self._initialize()
+        for name in SCRIPTS:
+            await self.client.script_load(_script(name)[0])
+        await asyncio.gather(*(self.client.ping() for _ in range(connections)))
 
     async def append_records(self, records: Sequence[Mapping[str, Any]]) -> None:
         """Append task records to the records stream (trimmed to about `records_maxlen`), in one

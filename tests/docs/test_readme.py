@@ -1,7 +1,9 @@
-"""Every command block of README.md runs as written, in a fresh venv made from the checkout.
+"""Every command block of README.md and of the docs site's pages runs as written, in a fresh venv
+made from the checkout.
 
 The ```bash, ```sh and ```console blocks (of a console block, its `$ ` lines) are taken from the
-README in order. Each command line runs in bash, in one working directory for the session: a copy
+README, then from the pages of docs/ in the site's order (mkdocs.yml `nav`), each in order. Each
+command line runs in bash, in one working directory for the session: a copy
 of the checkout, so `pip install -e .` installs it and what one block writes (the demo's records)
 is there for the next. One venv is made for the session from that copy; its `bin` comes first on
 PATH and no OTEL_/RAGTOLL_/OPENAI_ variable is inherited. What a command talks to is real and on
@@ -49,6 +51,7 @@ from support.upstream import UpstreamApp
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+MKDOCS = ROOT / "mkdocs.yml"
 CI_RUN = ROOT / ".ci" / "run"
 AGENT = Path(__file__).with_name("standin_agent.py")
 TEST_COMMAND = "pip install -e '.[test]' && python -m pytest -q -p no:cacheprovider"
@@ -74,22 +77,38 @@ def _is_test_command(command: Command) -> bool:
     return command.words() == Command(0, TEST_COMMAND).words()
 
 
-BLOCKS = readme_blocks(README.read_text())
+def _nav_pages(nav: list[Any]) -> list[str]:
+    pages: list[str] = []
+    for item in nav:
+        for value in item.values() if isinstance(item, dict) else [item]:
+            pages.extend(_nav_pages(value) if isinstance(value, list) else [value])
+    return pages
+
+
+# README first, then the site's pages in its order: a page may use what an earlier one wrote
+PAGES = [README, *(ROOT / "docs" / page for page in _nav_pages(yaml.safe_load(MKDOCS.read_text())["nav"]))]
+BLOCKS = [(page.relative_to(ROOT).as_posix(), block) for page in PAGES for block in readme_blocks(page.read_text())]
+
+
+def test_every_page_of_the_site_is_in_its_nav() -> None:
+    on_disk = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")}
+    assert on_disk - {p.relative_to(ROOT).as_posix() for p in PAGES} == set(), "a page is not in mkdocs.yml nav"
 
 
 def test_every_block_runs_or_is_listed_with_the_reason() -> None:
-    firsts = [b.first for b in BLOCKS]
+    firsts = [b.first for _, b in BLOCKS]
     assert len(set(firsts)) == len(firsts), "two blocks start with the same line, which NOT_RUNNABLE keys on"
     gone = sorted(set(NOT_RUNNABLE) - set(firsts))
     assert not gone, f"NOT_RUNNABLE lists blocks the README no longer has; take them off: {gone}"
-    for block in BLOCKS:
+    for page, block in BLOCKS:
         cannot = {argv[0] for c in block.commands for argv in c.argvs()} & set(CANNOT_RUN)
         if block.first in NOT_RUNNABLE:
-            assert cannot, f"README.md:{block.line}: in NOT_RUNNABLE, but every line of it runs: take it off"
+            assert cannot, f"{page}:{block.line}: in NOT_RUNNABLE, but every line of it runs: take it off"
         else:
-            assert not cannot, (f"README.md:{block.line}: runs {sorted(cannot)}, which cannot run here: list "
+            assert not cannot, (f"{page}:{block.line}: runs {sorted(cannot)}, which cannot run here: list "
                                 f"{block.first!r} in NOT_RUNNABLE with the reason")
-    assert sum(_is_test_command(c) for b in BLOCKS for c in b.commands) == 1, (
+    assert sum(_is_test_command(c) for _, b in BLOCKS[:len(readme_blocks(README.read_text()))]
+               for c in b.commands) == 1, (
         f"the README's test command is not `{TEST_COMMAND}`: update TEST_COMMAND and .ci/run together")
 
 
@@ -252,12 +271,12 @@ def test_the_demos_install_hint_installs_from_the_checkout(reader: Reader) -> No
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"L{b.line}:{b.first[:40].strip()}" for b in BLOCKS])
-def test_readme_block_runs_as_written(block: Block, reader: Reader) -> None:
+@pytest.mark.parametrize(("page", "block"), BLOCKS, ids=[f"{p}:L{b.line}:{b.first[:40].strip()}" for p, b in BLOCKS])
+def test_block_runs_as_written(page: str, block: Block, reader: Reader) -> None:
     for command in block.commands:
         argvs = command.argvs()
         programs = {argv[0] for argv in argvs}
-        where = f"README.md:{command.line}: `{command.text}`"
+        where = f"{page}:{command.line}: `{command.text}`"
         if _is_test_command(command):
             continue  # this suite: .ci/run runs it (test_ci_runs_the_readme_test_command)
         assert not any("pytest" in argv[:3] for argv in argvs), f"{where} would run the suite inside itself"

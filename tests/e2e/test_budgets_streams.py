@@ -2,7 +2,7 @@
 completion-token limit: over 3 `ragtoll serve` processes sharing one Redis, and over one process
 with the memory store. Each stream holds only its own reservation and extends it from what the
 task has left (reserve -> extend -> settle), so together they deliver no more than the limit, and
-the ledger settles within one extension chunk per stream of it (README, Budgets)."""
+the ledger settles within one extension chunk per stream of it (docs/budgets.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The docs' span-tree picture is drawn from a real export: an unchanged agent under
 `opentelemetry-instrument` and ragtoll both export OTLP/HTTP to one loopback receiver (what Jaeger
-would ingest); the decoded spans of the task's trace are rendered and compared with the README's picture.
+would ingest); the decoded spans of the task's trace are rendered and compared with the picture in docs/observability.md.
 
 `RAGTOLL_UPDATE_DOCS=1` rewrites the picture in the docs instead of comparing.
 """
@@ -23,7 +23,7 @@ from support.otlp import OtlpReceiver
 from support.servers import serve_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = ROOT / "README.md"
+DOCS = ROOT / "docs" / "observability.md"
 AGENT = Path(__file__).parent / "agents" / "docs_agent.py"
 TASK = "ticket-7"
 BEGIN, END = "<!-- trace-picture:begin -->", "<!-- trace-picture:end -->"

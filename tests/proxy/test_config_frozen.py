@@ -13,7 +13,7 @@ import pytest
 from ragtoll.proxy import config
 from ragtoll.proxy.config import BudgetsConfig, FrozenMap, JwtConfig, Profile, ProfileRule, UpstreamConfig
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+CONFIG_DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"  # has the fuller file
 
 # every container field of every section holds something
 FULL = """
@@ -56,7 +56,7 @@ def mutable_fields(obj: Any, where: str = "settings") -> list[str]:
 
 
 def readme_fuller_file() -> str:
-    match = re.search(r"A fuller file:\n\n```yaml\n(.*?)```", README.read_text(encoding="utf-8"), re.DOTALL)
+    match = re.search(r"A fuller file:\n\n```yaml\n(.*?)```", CONFIG_DOCS.read_text(encoding="utf-8"), re.DOTALL)
     assert match
     return match.group(1)
 

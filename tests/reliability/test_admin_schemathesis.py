@@ -21,7 +21,7 @@ from support.admin import ADMIN_HEADERS
 from support.faulty import FaultyUpstream
 
 # Generated task ids use the task id alphabet (proxy/request/identify.py): a path holding a raw
-# newline (%0A) gets Starlette's text/plain 404, not JSON (reported; see README "Guarantees").
+# newline (%0A) gets Starlette's text/plain 404, not JSON (reported; see docs/guarantees.md).
 TASK_ID_PATTERN = r"^[A-Za-z0-9._:~@+=-]{1,64}$"
 
 

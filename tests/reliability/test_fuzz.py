@@ -92,7 +92,7 @@ def test_identify_always_names_a_safe_task_or_asks_for_one(headers: dict[str, st
 
 
 # Cost limits up to $1M: from about $1e9 the `micros` parameter passes RFC 8941's 15 integer digits
-# (found by this test; reported, see README "Guarantees" "Known limits").
+# (found by this test; reported, see docs/guarantees.md "Known limits").
 LIMITS = st.builds(lambda counts, cost: {**counts, **({} if cost is None else {"max_cost_usd": cost})},
                    st.dictionaries(st.sampled_from([d for d in DIMENSIONS if d != "max_cost_usd"]),
                                    st.integers(0, 10**15)),

@@ -41,7 +41,7 @@ class Exchanges:
     def __init__(self, *, env: Mapping[str, str] | None = None, **raw: Any) -> None:
         self.settings = config.parse({"upstreams": UPSTREAMS, **raw})
         self.router = Router(self.settings.upstreams)
-        self.callers = CallerResolver(self.settings.identity, env or {})
+        self.callers = CallerResolver(self.settings.identity, env or {}, anonymous=self.settings.principals.anonymous)
         self.exporter = InMemorySpanExporter()
         self.tracer_provider = TracerProvider(shutdown_on_exit=False)
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.exporter))
@@ -69,7 +69,8 @@ class Exchanges:
         raw_headers = [(k.encode(), v.encode()) for k, v in [*hdrs.items(), *repeated]]
         merged, duplicated = read_headers(raw_headers)
         ex = Exchange(r, method, path, merged, raw_headers, client, time.perf_counter(), task=ref, body=raw,
-                      caller=self.callers.resolve(merged, duplicated, client), timeouts=r.upstream.timeouts)
+                      caller=self.callers.resolve(merged, duplicated, client, r.adapter.credential_headers),
+                      timeouts=r.upstream.timeouts)
         if raw is not None and r.adapter.reads_body:
             ex.call = r.adapter.parse_request(method, path, merged, raw)
         ex.span = self._tracer.start_span(f"{ex.call.operation} {r.upstream.name}")

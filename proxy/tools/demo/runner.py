@@ -103,7 +103,7 @@ class RunResult:
 def demo_settings(
     stack: Stack, *, enforce: bool, records_file: str, token_file: str, port: int = 0, embedder: str = "none"
 ) -> config.Settings:
-    """ragtoll's config for one run, built in code (the YAML equivalent is in the README, "The config the demo builds")."""
+    """ragtoll's config for one run, built in code (the YAML equivalent is in docs/evaluations.md, "The config the demo builds")."""
     return config.parse(
         {
             "server": {"host": "127.0.0.1", "port": port or 8787},

@@ -9,13 +9,30 @@ from ragtoll.proxy.core.principals import Standing
 
 
 def test_principal_id_prefers_verified_identity_then_credential_then_address() -> None:
-    cred = "Bearer sk-1\x00\x00"
+    cred = pc.canonical_credential({"authorization": "Bearer sk-1"})
+    assert cred == "authorization:bearer sk-1"
     assert pc.principal_id("alice", "acme", cred, "10.0.0.1") == "sub:acme/alice"
     assert pc.principal_id("alice", "", cred, "10.0.0.1") == "sub:alice"
     key = pc.principal_id(None, "", cred, "10.0.0.1")
     assert key == "key:" + hashlib.sha256(cred.encode()).hexdigest()[:32] and "sk-1" not in key
-    assert pc.principal_id(None, "", "\x00\x00", "10.0.0.1") == "addr:10.0.0.1"  # no credential sent
-    assert pc.principal_id(None, "", "\x00\x00", "") == "addr:unknown"
+    assert pc.principal_id(None, "", pc.canonical_credential({}), "10.0.0.1") == "addr:10.0.0.1"  # none sent
+    assert pc.principal_id(None, "", "", "") == "addr:unknown"
+
+
+def test_the_credential_is_canonical_and_the_upstreams_own() -> None:
+    key = pc.canonical_credential({"authorization": "Bearer sk-1"})
+    for spelled in ("bearer sk-1", "BEARER sk-1", "  Bearer   sk-1 ", "Bearer\tsk-1"):
+        assert pc.canonical_credential({"authorization": spelled}) == key
+    # a header the upstream does not authenticate by changes nothing; its own order decides
+    openai = ("authorization", "api-key")
+    assert pc.canonical_credential({"authorization": "Bearer sk-1", "x-api-key": "junk", "api-key": "junk"},
+                                   openai) == key
+    assert pc.canonical_credential({"api-key": " az-1 ", "x-api-key": "junk"}, openai) == "api-key:az-1"
+    anthropic = ("x-api-key", "authorization")
+    assert pc.canonical_credential({"x-api-key": "sk-ant", "authorization": "Bearer junk"}, anthropic) == \
+        "x-api-key:sk-ant"
+    assert pc.canonical_credential({"authorization": "   "}) == ""  # blank is none
+    assert pc.canonical_credential({"x-api-key": "sk-KEY"}) != pc.canonical_credential({"x-api-key": "sk-key"})
 
 
 def test_a_limit_of_n_admits_n_and_count_limits_bind_only_new_tasks() -> None:

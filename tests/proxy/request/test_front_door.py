@@ -27,7 +27,7 @@ from support.servers import serve_in_thread
 TOKEN = "front-door-token"
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.0
-PROBE_BOUND_S = 1.0  # generous: the README's benchmark table has the measured times
+PROBE_BOUND_S = 1.0  # generous: docs/performance.md has the measured times
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}
 
 

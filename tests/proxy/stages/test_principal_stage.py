@@ -8,7 +8,7 @@ import time
 
 import jwt
 import pytest
-from ragtoll.proxy.errors import BudgetExceeded, StoreUnavailable
+from ragtoll.proxy.errors import BudgetExceeded, StoreUnavailable, Unauthorized
 from ragtoll.proxy.request.exchange import Exchange
 from ragtoll.proxy.stages.principal import PrincipalStage
 from ragtoll.proxy.stores.principals import MemoryPrincipalStore, RedisPrincipalStore
@@ -27,14 +27,16 @@ def principal_of(ex: Exchange) -> str:
     return ex.caller.id
 
 
-def test_jwt_subject_then_credential_hash() -> None:
+def test_jwt_subject_and_a_forged_token_is_refused_not_a_credential() -> None:
     ex = Exchanges(env={"RAGTOLL_JWT_SECRET": SECRET}, identity={"mode": "jwt"},
                    principals={"default": {"max_concurrent_tasks": 5}})
     token = jwt.encode({"sub": "alice", "tenant": "acme", "exp": int(time.time()) + 60}, SECRET, algorithm="HS256")
     assert principal_of(ex(headers={"authorization": f"Bearer {token}"})) == "sub:acme/alice"
     forged = jwt.encode({"sub": "alice", "exp": int(time.time()) + 60}, "x" * 40, algorithm="HS256")
-    unverified = principal_of(ex(headers={"authorization": f"Bearer {forged}"}))
-    assert unverified.startswith("key:") and "alice" not in unverified  # a forged token is only a credential
+    caller = ex(headers={"authorization": f"Bearer {forged}"}).caller
+    assert caller is not None and isinstance(caller.refusal, Unauthorized)  # never a fall back to its hash
+    assert caller.refusal.status == 401 and caller.refusal.details["reason"] == "identity:signature"
+    assert "alice" not in caller.id
 
 
 async def test_the_stage_counts_the_callers_principal() -> None:

@@ -36,6 +36,7 @@ from opentelemetry.propagators.textmap import (
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from . import agent_exit
 from . import semconv as sc
 
 ENV_TASK_ID = "RAGTOLL_TASK_ID"
@@ -295,6 +296,7 @@ def post_instrument() -> None:
     if "ragtoll" in disabled or "*" in disabled:
         return
     try:
+        agent_exit.register()  # before install(): its task root span must end before the last export
         install()
     # failsafe: the agent runs without ragtoll's context rather than not at all
     except Exception:  # noqa: BLE001

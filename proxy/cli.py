@@ -6,6 +6,7 @@ Config errors exit with status 2 and one line naming the key, the value and what
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -184,7 +185,7 @@ def _serve(args: argparse.Namespace) -> int:
     import uvloop
 
     from .config import Settings
-    from .server import raise_open_files_limit, serve
+    from .server import metrics_listener, raise_open_files_limit, serve
 
     settings = _load(args.config)
     assert isinstance(settings, Settings)
@@ -195,13 +196,21 @@ def _serve(args: argparse.Namespace) -> int:
     # a descriptor per client connection, per upstream connection, and some to spare
     raise_open_files_limit(server.max_connections + sum(u.limits.max_connections for u in settings.upstreams) + 256)
     app, tracer_provider, meter_provider = served_app(settings)
+    metrics_at = f", metrics on http://{server.metrics_host}:{server.metrics_port}/metrics" if server.metrics_port else ""
     app.on_started = lambda: print(
         f"ragtoll listening on http://{server.host}:{server.port} "
-        f"({len(settings.upstreams)} upstream(s), store {redact(settings.store)})", file=sys.stderr, flush=True)
+        f"({len(settings.upstreams)} upstream(s), store {redact(settings.store)}{metrics_at})", file=sys.stderr, flush=True)
+    where = f"{server.host}:{server.port}"
     try:
-        uvloop.run(serve(app, server, on_signal=app.drain))
+        with contextlib.ExitStack() as listeners:
+            if server.metrics_port is not None:
+                where = f"{server.metrics_host}:{server.metrics_port} (server.metrics_port)"
+                listeners.enter_context(metrics_listener(app.prometheus.registry, server.metrics_host,
+                                                         server.metrics_port))
+                where = f"{server.host}:{server.port}"
+            uvloop.run(serve(app, server, on_signal=app.drain))
     except OSError as exc:  # the port is taken, the address does not exist, ...
-        print(f"ragtoll: cannot listen on {server.host}:{server.port}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"ragtoll: cannot listen on {where}: {exc.strerror or exc}", file=sys.stderr)
         return 3
     finally:
         tracer_provider.shutdown()

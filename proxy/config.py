@@ -138,10 +138,19 @@ class ServerConfig:
     # On SIGTERM: calls in flight get this long to finish before ragtoll ends its tasks and exits
     # (keep it under the pod's terminationGracePeriodSeconds).
     shutdown_grace_s: float = 20.0
+    # GET /metrics on a port of its own as well (none by default): where a scraper can reach it
+    # while the proxy port stays on loopback (a sidecar). The same exposition as /metrics.
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
 
     def validate(self, where: str) -> None:
         if not 1 <= self.port <= 65535:
             _bad(f"{where}.port", self.port, "a TCP port between 1 and 65535")
+        if self.metrics_port is not None and not (1 <= self.metrics_port <= 65535 and self.metrics_port != self.port):
+            _bad(f"{where}.metrics_port", self.metrics_port,
+                 f"a TCP port between 1 and 65535 other than {where}.port ({self.port}), or unset for none")
+        if not self.metrics_host:
+            _bad(f"{where}.metrics_host", self.metrics_host, "an address to listen on, e.g. 0.0.0.0 (default 127.0.0.1)")
         if self.max_body_bytes < 1024:
             _bad(f"{where}.max_body_bytes", self.max_body_bytes, "at least 1024")
         # granian (hyper) takes the head timeout in whole milliseconds, 1 ms to 60 s

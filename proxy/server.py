@@ -29,6 +29,7 @@ from typing import Any
 from granian.constants import HTTPModes, Interfaces
 from granian.http import HTTP1Settings
 from granian.server.embed import Server
+from prometheus_client import start_http_server
 
 from .config import ServerConfig
 from .gate import ConnectionGate, share_of
@@ -122,6 +123,22 @@ async def serve(app: Any, cfg: ServerConfig, *, on_signal: Callable[[], None] | 
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
+
+
+@contextlib.contextmanager
+def metrics_listener(registry: Any, host: str, port: int) -> Iterator[str]:
+    """Serves `registry` (GET /metrics, Prometheus or OpenMetrics text by the scraper's Accept) on
+    `host:port` until the block ends: prometheus_client's own HTTP server, on a thread, apart from
+    the proxy's server, so a scraper can reach it where the proxy listens on loopback (a sidecar).
+    OSError if the address cannot be listened on."""
+    check_bindable(host, port)
+    httpd, thread = start_http_server(port, addr=host, registry=registry)
+    try:
+        yield f"http://{host}:{port}/metrics"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(5)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

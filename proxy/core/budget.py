@@ -237,6 +237,38 @@ def used_value(dim: str, ledger: Ledger, charge: Charge | None, now_ms: int) -> 
     return usd(value) if dim == "max_cost_usd" else value
 
 
+# The part of a running total that reservations in flight hold (the stores keep these counters
+# beside the totals: + at reserve and extend, - at settle and cancel), so the settled part is the
+# total minus it.
+HELD = {"context_tokens": "held_context_tokens", "completion_tokens": "held_completion_tokens",
+        "cost_nusd": "held_cost_nusd"}
+
+
+def settled(ledger: Ledger) -> Ledger:
+    """`ledger` with its token and cost totals down to what settled calls used (reservations in
+    flight taken out); counts (steps, calls, ...) stay: an admitted call's are known, not reserved."""
+    counters = dict(ledger.counters)
+    for total, held in HELD.items():
+        if held in counters:
+            counters[total] = counters.get(total, 0) - max(0, counters.pop(held))
+    return Ledger(ledger.task_id, ledger.profile, ledger.cls, ledger.route, ledger.started_ms, ledger.last_ms,
+                  counters, ledger.rejections, ledger.shadow_rejections, ledger.exhausted, ledger.chunks_seen,
+                  ledger.source, ledger.trace_id)
+
+
+def header_remaining(limits: Mapping[str, int], ledger: Ledger, charge: Charge | None,
+                     now_ms: int) -> dict[str, float]:
+    """`x-ragtoll-budget-remaining`: per limited dimension, the limit minus what the task has used,
+    as the store held it when this call was admitted. Counts include every admitted call, this one
+    too; tokens and cost are what settled calls used, without what calls in flight (this one
+    included) have reserved: a reservation is a worst case that settles lower, so a value that
+    subtracted it would rise at the settle (9384 µ$, then 9992). So the value never rises while the
+    task spends: every admission and every settle only adds to what it subtracts. (Admission still
+    counts the reservations: a call may be refused while the header shows something left, when
+    calls are in flight. `max_stalled_retrievals` counts a streak, which a fruitful retrieval resets.)"""
+    return remaining(limits, settled(ledger), charge, now_ms)
+
+
 def remaining(limits: Mapping[str, int], ledger: Ledger, charge: Charge | None, now_ms: int) -> dict[str, float]:
     """What is left per limited dimension, in user units (never negative)."""
     return standing(limits, ledger, charge, now_ms, math.inf)[0]

@@ -445,7 +445,8 @@ class BudgetStage(Stage):
     def _headers(self, ex: Exchange, adm: Admission, d: Decision, now: int) -> tuple[dict[str, Any], dict[str, float]]:
         """The budget response headers; returns what is left and the warnings, for the span."""
         charged = adm.charge if d.admitted else None
-        left, warn = bm.standing(adm.limits, d.ledger, charged, now, self.cfg.warn_fraction)
+        _, warn = bm.standing(adm.limits, d.ledger, charged, now, self.cfg.warn_fraction)
+        left = bm.header_remaining(adm.limits, d.ledger, charged, now)  # settled use: never rises
         if left:
             ex.response_headers.append((REMAINING_HEADER, bm.sf_dictionary(left)))
         if warn:

@@ -12,7 +12,16 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..core.budget import Actual, Charge, Ledger, Reservation, apply_charge, first_exceeded, granted_output
+from ..core.budget import (
+    HELD,
+    Actual,
+    Charge,
+    Ledger,
+    Reservation,
+    apply_charge,
+    first_exceeded,
+    granted_output,
+)
 from ..core.hold import Grant, grant_extension
 from .base import SEEN_CHUNKS_CAP, Decision, TaskMeta, new_reservation_id, reservation_expiry, wants_seen
 
@@ -82,6 +91,7 @@ class MemoryStore:
                                           expires_ms=expires_ms or reservation_expiry(now_ms))
         task.holds[reservation.id] = _Hold(charge, reservation)
         ledger.counters["inflight"] = ledger.counters.get("inflight", 0) + 1
+        _held(ledger.counters, reservation.context_tokens, reservation.completion_tokens, reservation.cost_nusd)
         seen = None
         if wants_seen(charge) and (task.chunks is None or len(task.chunks) <= SEEN_CHUNKS_CAP):
             seen = frozenset(task.chunks or ())
@@ -102,6 +112,7 @@ class MemoryStore:
         for name, add in (("completion_tokens", grant.tokens), ("cost_nusd", grant.cost_nusd)):
             if add:
                 c[name] = c.get(name, 0) + add
+        _held(c, 0, grant.tokens, grant.cost_nusd)
         task.ledger.last_ms = max(task.ledger.last_ms, now_ms)
         return grant
 
@@ -119,6 +130,7 @@ class MemoryStore:
                      output=(res.completion_tokens, res.cost_nusd - hold.charge.cost_certain))
         c = ledger.counters
         c["inflight"] = max(0, c.get("inflight", 0) - 1)
+        _held(c, -res.context_tokens, -res.completion_tokens, -res.cost_nusd)
         if res.new_query and task.queries is not None:
             task.queries.discard(hold.charge.query_key)
         return True
@@ -129,12 +141,16 @@ class MemoryStore:
             return None
         self._tasks.move_to_end(task_id)
         if reservation.id:
-            hold = task.holds.pop(reservation.id, None)
+            hold: _Hold | None = task.holds.pop(reservation.id, None)
             if hold is None:  # settled (or cancelled) already: settling twice changes nothing
                 return _copy(task.ledger)
             reservation = hold.reservation  # with its extensions, whatever the caller saw of them
+        else:
+            hold = None  # a reservation without an id (a store written before ids) held nothing apart
         c = task.ledger.counters
         c["inflight"] = max(0, c.get("inflight", 0) - 1)
+        if hold is not None:
+            _held(c, -reservation.context_tokens, -reservation.completion_tokens, -reservation.cost_nusd)
         for name, delta in (("context_tokens", actual.context_tokens - reservation.context_tokens),
                             ("completion_tokens", actual.completion_tokens - reservation.completion_tokens),
                             ("cost_nusd", actual.cost_nusd - reservation.cost_nusd),
@@ -216,6 +232,15 @@ class MemoryStore:
 
     async def aclose(self) -> None:
         return None
+
+
+def _held(counters: dict[str, int], context: int, completion: int, cost: int) -> None:
+    """What reservations in flight hold of the token and cost totals (budget.HELD; reserve.lua,
+    extend.lua, settle.lua and cancel.lua keep the same counters)."""
+    for name, add in ((HELD["context_tokens"], context), (HELD["completion_tokens"], completion),
+                      (HELD["cost_nusd"], cost)):
+        if add:
+            counters[name] = max(0, counters.get(name, 0) + add)
 
 
 def _idle(task: _Task, idle_before_ms: int) -> bool:

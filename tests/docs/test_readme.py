@@ -65,6 +65,8 @@ NOT_RUNNABLE = {
         "docker: no Docker engine here; the `ragtoll serve` line runs, exporting to the OTLP receiver",
     'kubectl create secret generic ragtoll-admin --from-literal=token="$(openssl rand -hex 24)"': _NO_CLUSTER,
     "helm upgrade my-agent ./helm/ragtoll --reuse-values --set jaeger.enabled=true": _NO_CLUSTER,
+    "docker build -t registry.example.com/acme/ragtoll:0.1.0 .":
+        "docker: no Docker engine here; .github/workflows/image.yml builds the same Dockerfile in CI",
 }
 ADMIN = "readme-admin-token"
 SPAN_KIND_SERVER, SPAN_KIND_CLIENT = 2, 3

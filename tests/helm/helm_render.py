@@ -1,7 +1,7 @@
 """Offline chart tooling for the Helm tests: render and lint with helm-python-sdk (Helm v4's Go SDK
 loaded in-process through ctypes; no helm binary, no cluster, no network) and validate each rendered
 document with kubernetes-validate's bundled OpenAPI schemas (strict: unknown fields are errors), or,
-for the Prometheus Operator's PrometheusRule, with the schema of its CRD.
+for the Prometheus Operator's PrometheusRule, ServiceMonitor and PodMonitor, with their CRDs' schemas.
 """
 
 from __future__ import annotations
@@ -70,12 +70,12 @@ def notes(rendered: dict[str, str]) -> str:
 
 def validate(docs: list[dict[str, Any]], version: str) -> list[str]:
     """kubernetes-validate errors ("<kind>/<name>: <path>: <message>") against one Kubernetes version;
-    a PrometheusRule is checked against its CRD's schema instead (the same for every version)."""
+    a Prometheus Operator object is checked against its CRD's schema instead (the same for every version)."""
     problems: list[str] = []
     for doc in docs:
         name = f"{doc['kind']}/{doc['metadata']['name']}"
-        if (doc["apiVersion"], doc["kind"]) == ("monitoring.coreos.com/v1", "PrometheusRule"):
-            errors = prometheus_rule_validator().iter_errors(doc)
+        if doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] in OPERATOR_KINDS:
+            errors = operator_validator(doc["kind"]).iter_errors(doc)
             problems.extend(f"{name}: {'/'.join(str(p) for p in e.absolute_path)}: {e.message}" for e in errors)
             continue
         try:
@@ -86,16 +86,25 @@ def validate(docs: list[dict[str, Any]], version: str) -> list[str]:
     return problems
 
 
-@functools.cache
-def prometheus_rule_validator() -> jsonschema.protocols.Validator:
-    """The monitoring.coreos.com/v1 PrometheusRule schema, as cloudcoil-models-prometheus-operator
-    (PyPI) generates it from the prometheus-operator CRD's openAPIV3Schema (operator v0.80.1): same
-    fields, required keys and duration patterns. No registry package ships the CRD's YAML itself.
-    Made strict the way `kubectl apply` (strict field validation) treats the object: an unknown
-    field or a null where the CRD has none is an error, not silently pruned."""
-    from cloudcoil.models.prometheus_operator.v1 import PrometheusRule
+OPERATOR_KINDS = ("PrometheusRule", "ServiceMonitor", "PodMonitor")
 
-    schema = _strict(PrometheusRule.model_json_schema(by_alias=True, mode="validation"))
+
+def prometheus_rule_validator() -> jsonschema.protocols.Validator:
+    return operator_validator("PrometheusRule")
+
+
+@functools.cache
+def operator_validator(kind: str) -> jsonschema.protocols.Validator:
+    """The monitoring.coreos.com/v1 schema of `kind` (PrometheusRule, ServiceMonitor, PodMonitor), as
+    cloudcoil-models-prometheus-operator (PyPI) generates it from the prometheus-operator CRD's
+    openAPIV3Schema (operator v0.80.1): same fields, required keys and duration patterns. No
+    registry package ships the CRD's YAML itself. Made strict the way `kubectl apply` (strict field
+    validation) treats the object: an unknown field or a null where the CRD has none is an error,
+    not silently pruned."""
+    from cloudcoil.models.prometheus_operator import v1
+
+    model = getattr(v1, kind)
+    schema = _strict(model.model_json_schema(by_alias=True, mode="validation"))
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)  # type: ignore[no-any-return]

@@ -2,8 +2,9 @@
 
 The exported names come from a real run, not a list: `ragtoll serve` (what the chart's container
 runs) in front of the loopback fake upstream, called until every series exists (a call, a budget
-rejection, a cache miss and hit, an upstream that is down, idle tasks ending), and a second one
-whose Redis store is unreachable with `on_store_error: closed` (503 store_unavailable). Their
+rejection, a cache miss and hit, an upstream that is down, idle tasks ending), and two whose Redis
+store is unreachable, with `on_store_error: closed` (503 store_unavailable) and `open` (a call
+admitted without the store). Their
 `/metrics` is scraped and parsed with prometheus_client's parser. Every PromQL expression of the
 dashboard and the rules is parsed by promql-parser (a port of Prometheus' own parser); each
 selector's metric, the label names it matches, groups or joins on, and each value it matches
@@ -126,6 +127,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
             "upstreams": [{"name": "openai", "kind": "llm", "api": "openai", "url": up, "prefix": "/openai"}],
         }
         out.add(_serve_and_scrape(store_down, [("/openai/v1/chat/completions", CHAT, "t4")], tmp))
+        # on_store_error: open (the default): the call is forwarded, counted as admitted without the store
+        store_down_open = {**store_down, "on_store_error": "open"}
+        out.add(_serve_and_scrape(store_down_open, [("/openai/v1/chat/completions", CHAT, "t5")], tmp))
     yield out
 
 
@@ -262,6 +266,7 @@ def test_dashboard_shows_what_an_operator_watches() -> None:
         "Cache lookups by result and tier (per second)": "sum by (ragtoll_cache_result, ragtoll_cache_tier)",
         "Added latency (p50, p95, p99)": "rate(ragtoll_proxy_overhead_seconds_bucket",
         "Calls refused: budget store unavailable (per second)": 'error_type="store_unavailable"',
+        "Calls admitted without the budget store (per second)": "ragtoll_budget_degraded_admissions_total",
     }
     for title, fragment in wanted.items():
         assert any(fragment in expr for expr in panels[title]), (title, panels[title])
@@ -289,7 +294,8 @@ def test_dashboard_configmap_is_off_by_default_and_configurable() -> None:
 def test_rules_have_severities_runbooks_and_the_configured_thresholds() -> None:
     _, rule = rendered(all_enabled())
     rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
-    assert set(rules) == {"RagtollBudgetRejectionsSpike", "RagtollBudgetStoreDegraded", "RagtollSpendRateHigh"}
+    assert set(rules) == {"RagtollBudgetRejectionsSpike", "RagtollBudgetStoreDegraded", "RagtollBudgetsNotEnforced",
+                          "RagtollSpendRateHigh"}
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     for name, r in rules.items():
         assert r["labels"]["severity"] in {"warning", "critical"} and r["labels"]["team"] == "agents", name
@@ -297,6 +303,7 @@ def test_rules_have_severities_runbooks_and_the_configured_thresholds() -> None:
         assert len(r["annotations"]["runbook"]) > 200, name  # says what to do, not just what broke
         assert 'namespace="agents"' in r["expr"], name
     assert rules["RagtollBudgetStoreDegraded"]["labels"]["severity"] == "critical"
+    assert rules["RagtollBudgetsNotEnforced"]["labels"]["severity"] == "critical"
     assert rules["RagtollSpendRateHigh"]["expr"].endswith("* 3600 > 25")  # prometheusRule.costRate.usdPerHour
     assert ") > 0.2\n" in rules["RagtollBudgetRejectionsSpike"]["expr"]
     assert "20%" in rules["RagtollBudgetRejectionsSpike"]["annotations"]["description"]
@@ -305,7 +312,7 @@ def test_rules_have_severities_runbooks_and_the_configured_thresholds() -> None:
 
     values = {"mode": "gateway", "prometheusRule": {
         "enabled": True, "seriesSelector": "", "rejectionSpike": {"ratio": 0.05, "minCalls": 100},
-        "storeDegraded": {"enabled": False}, "costRate": {"usdPerHour": 2.5, "for": "1h", "severity": "info"}}}
+        "storeDegraded": {"enabled": False}, "degradedAdmissions": {"enabled": False}, "costRate": {"usdPerHour": 2.5, "for": "1h", "severity": "info"}}}
     rule = find(documents(render(values)), "PrometheusRule", "demo-ragtoll")
     rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {"RagtollBudgetRejectionsSpike", "RagtollSpendRateHigh"}
@@ -325,7 +332,7 @@ def test_prometheus_rule_is_valid_for_the_crd_and_the_check_is_strict(version: s
     assert validate(docs, version) == []
     rule = find(docs, "PrometheusRule", "demo-ragtoll")
     broken = json.loads(json.dumps(rule))
-    first, second, third = broken["spec"]["groups"][0]["rules"]
+    first, second, third, _ = broken["spec"]["groups"][0]["rules"]
     first["for"] = "10 minutes"
     second["anotations"] = second.pop("annotations")
     del third["expr"]

@@ -12,11 +12,13 @@ from typing import Any
 
 import helm_python as helm
 import pytest
+import yaml
 from helm_render import (
     CHART,
     CI_VALUES,
     GOLDEN,
     KUBE_VERSIONS,
+    ROOT,
     ci_values,
     documents,
     golden_files,
@@ -151,11 +153,11 @@ REFUSED = [
     ),
     (
         {"agent": {"image": {"repository": "a"}, "envFromRoutes": {"dcos": "RETRIEVER_URL"}}},
-        '[ERROR] agent.envFromRoutes names upstream "dcos", which is not in config.upstreams (openai)',
+        "[ERROR] agent.envFromRoutes names upstream 'dcos', which is not in config.upstreams (openai)",
     ),
     (
         {"agent": {"image": {"repository": "a"}, "ports": [{"name": "http", "containerPort": 8787}]}},
-        '[ERROR] agent.ports "http" uses port 8787, which ragtoll listens on in the same pod',
+        "[ERROR] agent.ports 'http' uses port 8787, which ragtoll listens on in the same pod",
     ),
     (
         {**AGENT, "configMap": {"create": False}},
@@ -183,8 +185,49 @@ def test_contradictory_values_fail_with_the_fix(values: dict[str, Any], message:
 def test_contradictory_values_fail_helm_lint(values: dict[str, Any], message: str) -> None:
     # Helm's `fail` is a no-op under `helm lint`; ragtoll-sidecar.fail makes lint report it too.
     findings = lint(values)
-    # lint quotes the message as Go's %q does, so embedded double quotes come back escaped
-    assert any(message in f.replace('\\"', '"') for f in findings), findings
+    assert any(message in f for f in findings), findings
+
+
+@pytest.mark.parametrize(("values", "message"), REFUSED)
+def test_a_refusal_reads_as_the_same_one_line_in_helm_install_and_helm_lint(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(helm.HelmRenderError) as caught:
+        render(values)
+    line = str(caught.value)
+    assert line.startswith("execution error at (ragtoll/templates/deployment.yaml:") and message in line
+    assert "\n" not in line
+    findings = lint(values)
+    assert findings == [f"templates/: {line}", line]  # the lint message, and the error it reports
+
+
+def test_default_values_refusal_names_the_value_to_set() -> None:
+    with pytest.raises(helm.HelmRenderError) as caught:
+        render({})
+    assert str(caught.value) == (
+        "execution error at (ragtoll/templates/deployment.yaml:2:4): [ERROR] mode=sidecar renders your agent's "
+        "Deployment and needs agent.image.repository (your agent's image). Set it, or use mode=gateway to run "
+        "ragtoll alone.")
+    assert lint({})[-1] == str(caught.value)
+
+
+def test_the_install_takes_your_own_image_as_a_value() -> None:
+    # the --set string docs/kubernetes.md passes, parsed as helm parses it
+    values = helm.parse_set_string("image.repository=registry.example.com/acme/ragtoll,image.tag=0.1.0-acme")
+    values["agent"] = {"image": {"repository": "registry.example.com/acme/rag-agent"}}
+    docs = documents(render(values))
+    spec = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    ragtoll = next(c for c in [*spec.get("initContainers", []), *spec["containers"]] if c["name"] == "ragtoll")
+    assert ragtoll["image"] == "registry.example.com/acme/ragtoll:0.1.0-acme"
+
+
+def test_the_image_workflow_builds_the_dockerfile_and_pushes_it() -> None:
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "image.yml").read_text())
+    steps = workflow["jobs"]["image"]["steps"]
+    build = next(s for s in steps if s.get("uses", "").startswith("docker/build-push-action@"))
+    assert (build["with"]["context"], build["with"]["file"], build["with"]["push"]) == (".", "Dockerfile", True)
+    assert (ROOT / build["with"]["file"]).is_file()
+    meta = next(s for s in steps if s.get("uses", "").startswith("docker/metadata-action@"))
+    assert meta["with"]["images"] == "ghcr.io/${{ github.repository_owner }}/ragtoll"
+    assert workflow["permissions"]["packages"] == "write"
 
 
 def test_gateway_with_redis_and_several_replicas_is_fine() -> None:

@@ -2,7 +2,7 @@
 ragtoll-sidecar: the ragtoll container, as a native sidecar or a classic container.
 
 Call with a dict: (dict "root" $ "v" $settings). $settings keys (see README.md):
-  native, name, image, imagePullPolicy, port, host, configKey, args, env, envFrom, secretEnv,
+  native, name, image, imagePullPolicy, port, host, metricsPort, configKey, args, env, envFrom, secretEnv,
   jwks, otel, resources, securityContext, probes, volumeMounts, waitForReady.
 The result is ONE list item (starts with "- name:"); put it under `initContainers:` when
 native is true (restartPolicy: Always makes it a sidecar, K8s >= 1.29) or under `containers:`
@@ -31,6 +31,12 @@ native is true (restartPolicy: Always makes it a sidecar, K8s >= 1.29) or under 
     - name: ragtoll
       containerPort: {{ $port }}
       protocol: TCP
+    {{- with $v.metricsPort }}
+    # GET /metrics on the pod's address (server.metrics_port), for a PodMonitor or ServiceMonitor
+    - name: metrics
+      containerPort: {{ . | int }}
+      protocol: TCP
+    {{- end }}
   env:
     {{- include "ragtoll-sidecar.ragtollEnv" $v | nindent 4 }}
   {{- with $v.envFrom }}

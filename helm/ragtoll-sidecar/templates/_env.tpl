@@ -79,7 +79,7 @@ RAGTOLL_<NAME>_URL=<route> (name upper-cased, '-' as '_').
 {{- end -}}
 {{- range $route, $var := .envFromRoutes -}}
 {{- if not (hasKey $routes $route) -}}
-{{- include "ragtoll-sidecar.fail" (printf "[ERROR] agent.envFromRoutes names upstream %q, which is not in config.upstreams (%s). Fix the name or add the upstream." $route (keys $routes | sortAlpha | join ", ")) -}}
+{{- include "ragtoll-sidecar.fail" (printf "[ERROR] agent.envFromRoutes names upstream '%s', which is not in config.upstreams (%s). Fix the name or add the upstream." $route (keys $routes | sortAlpha | join ", ")) -}}
 {{- end -}}
 {{- $vars = append $vars (dict "name" $var "value" (get $routes $route)) -}}
 {{- end -}}

@@ -95,7 +95,8 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{/*
 The effective ragtoll config as YAML: `config:` with the few keys the chart must know filled in
-when unset (server.port, server.host, store for the built-in Redis, jwks_file for a JWKS secret).
+when unset (server.port, server.host, server.metrics_port/metrics_host with metrics.enabled,
+store for the built-in Redis, jwks_file for a JWKS secret).
 */}}
 {{- define "ragtoll.config" -}}
 {{- $cfg := deepCopy (.Values.config | default dict) -}}
@@ -105,6 +106,12 @@ when unset (server.port, server.host, store for the built-in Redis, jwks_file fo
 {{- end -}}
 {{- if not (hasKey $server "host") -}}
 {{- $_ := set $server "host" (ternary "0.0.0.0" "127.0.0.1" (eq .Values.mode "gateway")) -}}
+{{- end -}}
+{{- if and .Values.metrics.enabled (not (hasKey $server "metrics_port")) -}}
+{{- $_ := set $server "metrics_port" (.Values.metrics.port | int) -}}
+{{- end -}}
+{{- if and (hasKey $server "metrics_port") (not (hasKey $server "metrics_host")) -}}
+{{- $_ := set $server "metrics_host" "0.0.0.0" -}}
 {{- end -}}
 {{- $_ := set $cfg "server" $server -}}
 {{- if and .Values.redis.enabled (eq (get $cfg "store" | default "memory") "memory") -}}
@@ -125,6 +132,12 @@ when unset (server.port, server.host, store for the built-in Redis, jwks_file fo
 {{- define "ragtoll.port" -}}
 {{- $cfg := include "ragtoll.config" . | fromYaml -}}
 {{- $cfg.server.port | int -}}
+{{- end }}
+
+{{/* The metrics listener's port (server.metrics_port), or 0 when there is none. */}}
+{{- define "ragtoll.metricsPort" -}}
+{{- $cfg := include "ragtoll.config" . | fromYaml -}}
+{{- $cfg.server.metrics_port | default 0 | int -}}
 {{- end }}
 
 {{- define "ragtoll.host" -}}
@@ -190,6 +203,7 @@ image: {{ include "ragtoll.image" . | quote }}
 imagePullPolicy: {{ .Values.image.pullPolicy }}
 port: {{ include "ragtoll.port" . }}
 host: {{ include "ragtoll.host" . | quote }}
+metricsPort: {{ include "ragtoll.metricsPort" . }}
 configMapName: {{ include "ragtoll.configName" . | quote }}
 secretEnv: {{ toYaml $secretEnv | nindent 2 }}
 env: {{ toYaml $env | nindent 2 }}

@@ -40,10 +40,23 @@ rendered in every mode.
 {{- if and .Values.podDisruptionBudget.enabled (not (kindIs "invalid" .Values.podDisruptionBudget.minAvailable)) (not (kindIs "invalid" .Values.podDisruptionBudget.maxUnavailable)) -}}
 {{- include "ragtoll-sidecar.fail" "[ERROR] podDisruptionBudget sets both minAvailable and maxUnavailable; Kubernetes accepts only one. Set the other to null." -}}
 {{- end -}}
+{{- $metricsPort := include "ragtoll.metricsPort" . | int -}}
+{{- if and $metricsPort (eq $metricsPort $port) -}}
+{{- include "ragtoll-sidecar.fail" (printf "[ERROR] metrics.port (server.metrics_port) is %d, the port ragtoll serves calls on (config.server.port). Choose another, e.g. 9464." $port) -}}
+{{- end -}}
+{{- if and .Values.metrics.serviceMonitor.enabled (not $gateway) -}}
+{{- include "ragtoll-sidecar.fail" "[ERROR] metrics.serviceMonitor needs mode=gateway: in sidecar mode ragtoll has no Service of its own. Use metrics.podMonitor.enabled=true with metrics.enabled=true instead." -}}
+{{- end -}}
+{{- if and .Values.metrics.podMonitor.enabled (not $gateway) (not $metricsPort) -}}
+{{- include "ragtoll-sidecar.fail" "[ERROR] metrics.podMonitor in sidecar mode needs metrics.enabled=true: ragtoll listens on 127.0.0.1, where Prometheus cannot scrape it; metrics.enabled opens the metrics port on the pod's address." -}}
+{{- end -}}
 {{- if not $gateway -}}
 {{- range .Values.agent.ports -}}
+{{- if and $metricsPort (eq (int .containerPort) $metricsPort) -}}
+{{- include "ragtoll-sidecar.fail" (printf "[ERROR] agent.ports '%s' uses port %d, which ragtoll's metrics listener uses in the same pod (metrics.port). Change one of them." .name $metricsPort) -}}
+{{- end -}}
 {{- if eq (int .containerPort) $port -}}
-{{- include "ragtoll-sidecar.fail" (printf "[ERROR] agent.ports %q uses port %d, which ragtoll listens on in the same pod. Change the agent's port or config.server.port." .name $port) -}}
+{{- include "ragtoll-sidecar.fail" (printf "[ERROR] agent.ports '%s' uses port %d, which ragtoll listens on in the same pod. Change the agent's port or config.server.port." .name $port) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -20,6 +20,9 @@ local names = {'steps', 'calls', 'retrieval_calls', 'rerank_calls', 'context_tok
 for i, name in ipairs(names) do
   if f[i + 1] ~= 0 then redis.call('HINCRBY', h, name, -f[i + 1]) end
 end
+for i, held in ipairs({'held_context_tokens', 'held_completion_tokens', 'held_cost_nusd'}) do
+  if f[i + 5] ~= 0 and tonumber(redis.call('HINCRBY', h, held, -f[i + 5])) < 0 then redis.call('HSET', h, held, 0) end
+end
 if f[9] == 1 then
   local qk = redis.call('HGET', r, rid .. '#q')
   if qk then redis.call('SREM', q, string.sub(qk, 3)) end

@@ -21,6 +21,8 @@ local gcost = cost
 if granted < tokens then gcost = math.floor(cost * granted / tokens) end
 redis.call('HINCRBY', h, 'completion_tokens', granted)
 if gcost ~= 0 then redis.call('HINCRBY', h, 'cost_nusd', gcost) end
+redis.call('HINCRBY', h, 'held_completion_tokens', granted)
+if gcost ~= 0 then redis.call('HINCRBY', h, 'held_cost_nusd', gcost) end
 local f = {}
 for n in string.gmatch(rec, '%-?%d+') do f[#f + 1] = n end
 -- 1 expires 2 steps 3 calls 4 retrieval 5 rerank 6 context 7 completion 8 cost 9 new_query 10 hit

@@ -108,7 +108,9 @@ end
 local held = cost_certain + g_cost
 
 local adds = {{'steps', steps}, {'calls', calls}, {'retrieval_calls', retr}, {'rerank_calls', rer},
-              {'context_tokens', ctx}, {'completion_tokens', g_comp}, {'cost_nusd', held}, {'inflight', 1}}
+              {'context_tokens', ctx}, {'completion_tokens', g_comp}, {'cost_nusd', held}, {'inflight', 1},
+              -- what this reservation holds of the totals until its settle (budget.HELD)
+              {'held_context_tokens', ctx}, {'held_completion_tokens', g_comp}, {'held_cost_nusd', held}}
 if ARGV[18] == '1' then adds[#adds + 1] = {'cache_hits', 1} end
 for _, a in ipairs(adds) do
   if a[2] ~= 0 then redis.call('HINCRBY', h, a[1], a[2]) end

@@ -20,6 +20,9 @@ if rid ~= '' then
   -- 1 expires 2 steps 3 calls 4 retrieval 5 rerank 6 context 7 completion 8 cost 9 new_query 10 hit
   d_ctx, d_comp, d_cost = tonumber(ARGV[8]) - f[6], tonumber(ARGV[9]) - f[7], tonumber(ARGV[10]) - f[8]
   redis.call('HDEL', r, rid, rid .. '#q')
+  for i, held in ipairs({'held_context_tokens', 'held_completion_tokens', 'held_cost_nusd'}) do
+    if f[i + 5] ~= 0 and tonumber(redis.call('HINCRBY', h, held, -f[i + 5])) < 0 then redis.call('HSET', h, held, 0) end
+  end
 end
 local deltas = {{'context_tokens', d_ctx}, {'completion_tokens', d_comp}, {'cost_nusd', d_cost}, {'inflight', -1},
                 {'finished', tonumber(ARGV[11])}}

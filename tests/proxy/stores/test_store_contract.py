@@ -96,6 +96,29 @@ async def test_settle_replaces_the_reservation_with_actual_use(store: Store) -> 
     assert after.last_ms == T0 + 5 and after.used("inflight") == 0
 
 
+async def test_held_counters_follow_what_reservations_in_flight_hold(store: Store) -> None:
+    # x-ragtoll-budget-remaining shows settled use: the totals minus what reservations in flight
+    # hold (budget.settled). Reserve and extend add to the held part; settle and cancel take it away.
+    t = tid()
+    limits = {"max_completion_tokens": 10_000, "max_cost_usd": 10**9}
+    a = await store.reserve(t, META, limits, LLM, T0)
+    b = await store.reserve(t, META, limits, LLM, T0)
+    assert [b.ledger.used(held) for held in bm.HELD.values()] == [200, 100, 12_000]  # both, all in flight
+    nothing = bm.settled(b.ledger)
+    assert (nothing.used("context_tokens"), nothing.used("completion_tokens"), nothing.used("cost_nusd")) == (0, 0, 0)
+    assert nothing.used("steps") == 2  # counts are not reservations
+    await store.extend(t, b.reservation.id, 20, 2_000, limits, T0 + 1)
+    after_a = await store.settle(t, a.reservation, Actual(context_tokens=90, completion_tokens=7, cost_nusd=1_500), T0 + 2)
+    assert after_a is not None
+    done = bm.settled(after_a)
+    assert (done.used("context_tokens"), done.used("completion_tokens"), done.used("cost_nusd")) == (90, 7, 1_500)
+    assert await store.cancel(t, b.reservation.id, T0 + 3)
+    ledger = await store.get_task(t)
+    assert ledger is not None
+    assert [ledger.used(held) for held in bm.HELD.values()] == [0, 0, 0]
+    assert bm.settled(ledger).used("cost_nusd") == ledger.used("cost_nusd") == 1_500
+
+
 async def test_completion_and_cost_admit_until_used_up(store: Store) -> None:
     t = tid()
     limits = {"max_completion_tokens": 100}

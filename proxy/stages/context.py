@@ -78,8 +78,8 @@ class ContextStage(Stage):
 
     async def on_request(self, ex: Exchange) -> None:
         api = ex.route.upstream.api
-        if ex.call.operation not in _LLM or not ex.body or api not in ("openai", "anthropic"):
-            return
+        if ex.call.operation not in _LLM or not ex.body or api not in ("openai", "anthropic") or ex.call.parse_error:
+            return  # a body the adapter could not read goes on as it came
         name = ex.route.upstream.name
         policy = self.policies[name]
         # chat completions and Responses take prompt_cache_key; legacy completions are left alone
@@ -120,6 +120,15 @@ class ContextStage(Stage):
             return None
         if not isinstance(doc, dict):
             return None
+        try:
+            return self._rewrite(ex, doc, api, key_mode, marks, policy)
+        except (TypeError, AttributeError, KeyError, ValueError):
+            # a shape the rewrites do not expect (`"messages": 5`, a message that is a string): the
+            # body goes on as it came; `doc` is a copy, so nothing half-rewritten reaches the upstream
+            return None
+
+    def _rewrite(self, ex: Exchange, doc: dict[str, Any], api: str, key_mode: str, marks: bool,
+                 policy: ContextRoute) -> context.Rewrite:
         rewrite = context.Rewrite()
         min_chars = policy.min_chunk_chars or 200
         if api == "openai":

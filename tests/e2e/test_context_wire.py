@@ -120,6 +120,29 @@ def test_anthropic_route_gets_breakpoints_and_cache_usage_on_the_span(
     assert span.attributes[sc.CONTEXT_CACHED_SHARE] == pytest.approx(1200 / 1610, abs=1e-4)
 
 
+ODD_SHAPES = [
+    {"model": "claude-sonnet-4-5", "max_tokens": 5, "messages": ["a message that is a string"]},
+    {"model": "claude-sonnet-4-5", "max_tokens": 5, "system": 7, "messages": [{"role": "user", "content": 5}]},
+    {"model": "claude-sonnet-4-5", "max_tokens": 5, "messages": [{"role": "user", "content": [7, {"type": 3}]}]},
+    {"model": "claude-sonnet-4-5", "max_tokens": 5, "tools": "none", "messages": [{"role": "user", "content": "q"}]},
+]
+
+
+@pytest.mark.parametrize("doc", ODD_SHAPES)
+def test_a_body_of_an_odd_shape_goes_on_as_it_came(proxy: ProxyFactory, backends: tuple[str, FakeBackends],
+                                                   doc: dict[str, Any]) -> None:
+    """The rewrites read message lists, content blocks and tools: a shape they do not expect is not
+    an internal error, and the upstream gets the client's bytes unchanged."""
+    url, app = backends
+    ups = [{"name": "claude", "kind": "llm", "api": "anthropic", "url": url, "prefix": "/anthropic"}]
+    sent = orjson.dumps(doc)
+    with proxy(upstreams=ups) as base:
+        r = httpx.post(f"{base}/anthropic/v1/messages", content=sent,
+                       headers={"content-type": "application/json", "x-ragtoll-task-id": "ctx-odd"})
+    assert r.status_code != 500, r.text
+    assert app.requests[-1]["body"] == sent
+
+
 def test_adaptive_depth_trims_a_retrieval_answer_and_says_so(proxy: ProxyFactory, upstream: Upstream,
                                                              telemetry: Telemetry) -> None:
     """The fake search answers with scores 0.9, 0.8, 0.7, ...: a floor at 0.85 of the top keeps 2

@@ -59,18 +59,34 @@ class InspectBytes:
 class Held:
     """What one reader holds of an `InspectBytes` (always given back whole by `release`)."""
 
-    __slots__ = ("held", "pool")
+    __slots__ = ("credit", "held", "pool")
 
     def __init__(self, pool: InspectBytes | None) -> None:
         self.pool = pool
         self.held = 0
+        self.credit = 0  # bytes reserved ahead (`reserve`), spent by `take` before the pool is asked
 
     def take(self, n: int) -> bool:
+        if self.pool is None or n <= 0:
+            return True
+        spent = min(self.credit, n)
+        self.credit -= spent
+        if n > spent and not self.pool.take(n - spent):
+            self.credit += spent
+            return False
+        self.held += n - spent
+        return True
+
+    def reserve(self, n: int) -> bool:
+        """Hold `n` bytes now for takes to come: an answer read whole holds its decoded copy's room
+        when its raw bytes are taken, so two answers can never each hold their raw bytes and both
+        be refused the copy they were held for."""
         if self.pool is None or n <= 0:
             return True
         if not self.pool.take(n):
             return False
         self.held += n
+        self.credit += n
         return True
 
     def set(self, n: int) -> bool:
@@ -86,4 +102,5 @@ class Held:
             self.held -= n
 
     def release(self) -> None:
+        self.credit = 0
         self.give(self.held)

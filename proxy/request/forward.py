@@ -89,7 +89,7 @@ class Forwarder:
             headers = [(k, v) for k, v in response.raw_headers if k.lower() not in HOP_BY_HOP]
             whole = Held(self.pool)
             try:
-                if inspector.unread is None and self._read_whole(ex, response, whole):
+                if inspector.unread is None and self._read_whole(ex, response, whole, inspector):
                     await self._send_whole(ex, response, inspector, headers, send)
                 else:
                     await self._stream(ex, response, inspector, headers, send)
@@ -166,7 +166,7 @@ class Forwarder:
                 return cut
         return None
 
-    def _read_whole(self, ex: Exchange, response: UpstreamResponse, whole: Held) -> bool:
+    def _read_whole(self, ex: Exchange, response: UpstreamResponse, whole: Held, inspector: Inspector) -> bool:
         # A small answer is read whole, so its head and body reach the server in one hand-off (and
         # leave in one segment). Non-streamed retrieval answers up to max_inspect_bytes are read
         # whole before headers go out, so stages can add headers that depend on the result
@@ -180,8 +180,14 @@ class Forwarder:
         if size > SMALL_RESPONSE and not (self._described(ex, response) and size <= self._max_inspect):
             return False
         # held whole until it is sent: past the process-wide bound it streams instead (and, its
-        # decoded copy refused too, passes through unread)
-        return whole.take(size)
+        # decoded copy refused too, passes through unread). The decoded copy's room (the same size
+        # unless compressed) is held with it, or neither is
+        if not whole.take(size):
+            return False
+        if self._described(ex, response) and not inspector.held.reserve(size):
+            whole.release()
+            return False
+        return True
 
     def _described(self, ex: Exchange, response: UpstreamResponse) -> bool:
         """Whether `on_response` (x-ragtoll-evidence) runs for this answer."""

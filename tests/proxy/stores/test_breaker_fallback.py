@@ -35,9 +35,11 @@ def wall_ms() -> int:
     return int(time.time() * 1000)
 
 
-async def reconciled() -> None:
-    """The breaker's background cancels of the timed-out reserves (they give up at the expiry)."""
-    await asyncio.gather(*(t for t in asyncio.all_tasks() if t is not asyncio.current_task()), return_exceptions=True)
+async def reconciled(before: set[asyncio.Task[object]]) -> None:
+    """The breaker's background cancels of the timed-out reserves (they give up at the expiry): the
+    tasks this test started, not whatever else the session's loop runs."""
+    started = asyncio.all_tasks() - before - {asyncio.current_task()}
+    await asyncio.wait_for(asyncio.gather(*started, return_exceptions=True), 30)
 
 
 async def test_a_stalled_store_is_decided_on_the_local_ledger(paused: RedisProcess) -> None:
@@ -45,6 +47,7 @@ async def test_a_stalled_store_is_decided_on_the_local_ledger(paused: RedisProce
     local = MemoryStore()
     breaker = Breaker(store, 0.2, wall_ms, reservation_ttl_ms=500, fallback=local)
     task, meta = f"t-{uuid.uuid4().hex}", TaskMeta("p")
+    before = asyncio.all_tasks()
     try:
         await store.warm()
         admin = redis.Redis(port=paused.port)
@@ -55,7 +58,7 @@ async def test_a_stalled_store_is_decided_on_the_local_ledger(paused: RedisProce
         third = await breaker.reserve(task, meta, LIMITS, STEP, wall_ms())
         grant = await breaker.extend(task, first.reservation, 20, 0, LIMITS)
         settled = await breaker.settle(task, first.reservation, Actual(completion_tokens=25), wall_ms())
-        await reconciled()
+        await reconciled(before)
     finally:
         await store.aclose()
     assert (first.admitted, second.admitted, third.admitted) == (True, True, False)
@@ -70,6 +73,7 @@ async def test_a_stalled_store_is_decided_on_the_local_ledger(paused: RedisProce
 async def test_without_a_fallback_a_stalled_store_raises(paused: RedisProcess) -> None:
     store = RedisStore(paused.url, timeout_s=0.2)
     breaker = Breaker(store, 0.2, wall_ms, reservation_ttl_ms=500)
+    before = asyncio.all_tasks()
     try:
         await store.warm()
         admin = redis.Redis(port=paused.port)
@@ -77,6 +81,6 @@ async def test_without_a_fallback_a_stalled_store_raises(paused: RedisProcess) -
         admin.close()
         with pytest.raises(TimeoutError):
             await breaker.reserve(f"t-{uuid.uuid4().hex}", TaskMeta("p"), LIMITS, STEP, wall_ms())
-        await reconciled()
+        await reconciled(before)
     finally:
         await store.aclose()

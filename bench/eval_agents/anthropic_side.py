@@ -12,15 +12,17 @@ and no prefetch search. Pure translation; no ragtoll import beyond the demo's to
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import orjson
 from ragtoll.proxy.tools.demo import agent as demo_agent
 from ragtoll.proxy.tools.demo.tools import SPECS
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+
+if TYPE_CHECKING:  # the SDK is imported where it runs: the demo extra, which the budget eval needs, has none
+    import anthropic
 from starlette.routing import Route
 
 from . import policies, provider
@@ -90,6 +92,8 @@ def llm_app(cache: provider.AnthropicPromptCache, ledger: provider.Ledger, pream
 
 def run(style: str, client: anthropic.Anthropic, tools: LoggedTools, question: str, preamble: str) -> Result:
     """The style's loop (agents.run) over the Messages API."""
+    import anthropic
+
     spec = STYLE_AGENTS[style]
     system = preamble + (demo_agent.SYSTEM if spec.demo_agent else spec.system)
     max_turns = 10 if spec.demo_agent else spec.max_turns

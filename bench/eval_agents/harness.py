@@ -20,7 +20,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import anthropic
 import httpx
 import openai
 from opentelemetry.sdk.trace import TracerProvider
@@ -209,6 +208,8 @@ def run_workload(
                 }
                 tools = agents.LoggedTools(http, base, headers)
                 if stack.api == "anthropic":
+                    import anthropic  # only the Anthropic-style provider needs it (not in the demo extra)
+
                     with anthropic.Anthropic(base_url=f"{base}/llm", api_key="sk-ant-eval-not-a-real-key",
                                              timeout=60, max_retries=2) as claude:
                         result = anthropic_side.run(task.style, claude, tools, task.question, stack.preamble)

@@ -59,6 +59,7 @@ def span(telemetry: Telemetry, name: str) -> Any:
     raise AssertionError(f"no span {name!r}; have {[s.name for s in telemetry.spans()]}")
 
 
+@pytest.mark.slow
 def test_openai_chat_counts_the_prompt_and_reads_usage(wired: str, telemetry: Telemetry) -> None:
     with openai.OpenAI(base_url=f"{wired}/openai/v1", api_key="sk-test", max_retries=0) as client:
         client.chat.completions.create(model="gpt-4o-mini", max_tokens=50,
@@ -90,6 +91,7 @@ def test_openai_embeddings(wired: str, telemetry: Telemetry) -> None:
     assert attrs[sc.PROMPT_TOKENS_ESTIMATE] == 3 and attrs[sc.GEN_AI_USAGE_INPUT_TOKENS] == 8
 
 
+@pytest.mark.slow
 def test_openai_responses_api_streamed_and_not(wired: str, telemetry: Telemetry) -> None:
     with openai.OpenAI(base_url=f"{wired}/oai/v1", api_key="sk-test", max_retries=0) as client:
         whole = client.responses.create(model="gpt-4.1", input="Tell me a story", max_output_tokens=300)

@@ -75,6 +75,7 @@ def call_spans(telemetry: Telemetry) -> list[Any]:
             if "ragtoll.task.id" in (s.attributes or {}) and s.name != "ragtoll.task"]
 
 
+@pytest.mark.slow
 def test_agent_under_opentelemetry_instrument_is_one_task_with_env_budget(
     proxy: ProxyFactory, telemetry: Telemetry, upstream: Upstream, otlp: OtlpReceiver,
     monkeypatch: pytest.MonkeyPatch,
@@ -126,6 +127,7 @@ def test_agent_under_opentelemetry_instrument_is_one_task_with_env_budget(
     assert roots == [f"{summary.context.span_id:016x}"]
 
 
+@pytest.mark.slow
 def test_task_id_from_env_puts_agent_spans_under_the_task_root(
     proxy: ProxyFactory, telemetry: Telemetry, otlp: OtlpReceiver
 ) -> None:
@@ -142,6 +144,7 @@ def test_task_id_from_env_puts_agent_spans_under_the_task_root(
     assert {s["parent_span_id"] for s in clients} == {f"{derived_span_id('ticket-7'):016x}"}
 
 
+@pytest.mark.slow
 def test_without_the_hook_the_proxy_falls_back_to_session_heuristics(
     proxy: ProxyFactory, telemetry: Telemetry, otlp: OtlpReceiver
 ) -> None:
@@ -160,6 +163,7 @@ def test_without_the_hook_the_proxy_falls_back_to_session_heuristics(
     assert run.agent_spans == []
 
 
+@pytest.mark.slow
 def test_instrumented_without_ragtolls_hook_splits_every_call(
     proxy: ProxyFactory, telemetry: Telemetry, otlp: OtlpReceiver
 ) -> None:
@@ -172,6 +176,7 @@ def test_instrumented_without_ragtolls_hook_splits_every_call(
     assert {s.attributes["ragtoll.task.source"] for s in call_spans(telemetry)} == {"traceparent"}
 
 
+@pytest.mark.slow
 def test_bad_env_values_are_reported_and_the_agent_still_runs(
     proxy: ProxyFactory, upstream: Upstream, otlp: OtlpReceiver
 ) -> None:

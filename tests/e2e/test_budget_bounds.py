@@ -182,6 +182,7 @@ def test_a_streamed_finish_is_cut_at_its_allowance(proxy: ProxyFactory, greedy: 
     assert used["completion_tokens"] <= 5 + 1024 + 256  # settled within one extension chunk of it
 
 
+@pytest.mark.slow
 def test_a_task_whose_first_call_is_refused_gets_no_finish(proxy: ProxyFactory, greedy: tuple[str, GreedyModel],
                                                            admin_token: str, store: str) -> None:
     """On the embedded default ($1): a fresh task whose first call's prompt alone costs more than
@@ -226,6 +227,7 @@ async def _streams(base: str, task_id: str, field: str, n: int, tokens: int) -> 
     return [a.content for a in answers if a.status_code == 200]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("field", ["reasoning", "refusal", "reasoning_content", "thoughts"])
 def test_streamed_output_in_any_delta_field_is_counted_and_cut(proxy: ProxyFactory, greedy: tuple[str, GreedyModel],
                                                                admin_token: str, store: str, field: str) -> None:
@@ -283,6 +285,7 @@ def test_an_agent_asking_new_questions_never_climbs(proxy: ProxyFactory, greedy:
     assert used["profile"] == "small"
 
 
+@pytest.mark.slow
 def test_the_embedded_default_bounds_searches(proxy: ProxyFactory, greedy: tuple[str, GreedyModel],
                                               store: str) -> None:
     """On the embedded default, 1,000 new random searches in one task all went through (retrieval is

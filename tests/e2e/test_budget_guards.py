@@ -216,6 +216,7 @@ def test_each_sdk_sends_a_refused_call_once(proxy: ProxyFactory, telemetry: Tele
     assert "budget exhausted: max_calls" in str(info.value)
 
 
+@pytest.mark.slow
 def test_a_deadline_that_cuts_the_upstream_timeout_is_the_budget_rejection(proxy: ProxyFactory, upstream: Upstream,
                                                                          telemetry: Telemetry) -> None:
     """Not a 504 the OpenAI SDK retries: the slow call reaches the upstream once, then a 402."""
@@ -300,6 +301,7 @@ def served(proxy: ProxyFactory, fake: AnyJsonUpstream, budgets: dict[str, Any], 
             yield base
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("encoding", ENCODINGS)
 def test_bodies_in_any_json_encoding_are_budgeted(proxy: ProxyFactory, encoding: str, store: str) -> None:
     fake = AnyJsonUpstream()
@@ -346,6 +348,7 @@ def test_an_upstream_answer_in_any_json_encoding_is_read(proxy: ProxyFactory, te
     assert remaining(after)["max_completion_tokens"] == 10_000 - 700
 
 
+@pytest.mark.slow
 def test_an_unreadable_body_is_refused_or_charged_its_reservation(proxy: ProxyFactory, telemetry: Telemetry) -> None:
     fake = AnyJsonUpstream()
     garbage = b'{"model": "gpt-4o-mini", "messages": [' + "é".encode("latin-1") + b"]}"

@@ -257,6 +257,7 @@ def test_stream_cut_ends_with_done_on_the_wire(proxy: ProxyFactory, upstream: Up
     assert all(e.startswith(b"data: ") for e in events)
 
 
+@pytest.mark.slow
 def test_deadline_rejects_late_calls_and_clamps_the_upstream_timeout(proxy: ProxyFactory, upstream: Upstream) -> None:
     t, slow = task(), task()
     with proxy(upstreams=upstreams(upstream.url), budgets=budgets(max_latency_ms=400)) as base, \
@@ -383,6 +384,7 @@ def test_admin_ledger_and_end_with_outcome_writes_one_record(proxy: ProxyFactory
     assert [orjson.loads(x) for x in lines] == [record]
 
 
+@pytest.mark.slow
 def test_idle_tasks_end_by_themselves(proxy: ProxyFactory, upstream: Upstream, tmp_path: Any) -> None:
     records = tmp_path / "idle.jsonl"
     t = task()
@@ -522,6 +524,7 @@ def responses_events() -> list[bytes]:
     return events
 
 
+@pytest.mark.slow
 def test_anthropic_stream_is_cut_with_max_tokens(proxy: ProxyFactory, telemetry: Telemetry,
                                                  request: pytest.FixtureRequest) -> None:
     from support.servers import serve_in_thread
@@ -540,6 +543,7 @@ def test_anthropic_stream_is_cut_with_max_tokens(proxy: ProxyFactory, telemetry:
     assert call_spans(telemetry, "chat")[0].attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"
 
 
+@pytest.mark.slow
 def test_responses_stream_is_cut_as_incomplete(proxy: ProxyFactory, telemetry: Telemetry,
                                                request: pytest.FixtureRequest) -> None:
     from support.servers import serve_in_thread

@@ -83,6 +83,7 @@ def replica_config(store: str, upstream: Upstream) -> dict[str, Any]:
             "upstreams": [{"name": "openai", "kind": "llm", "api": "openai", "url": upstream.url, "prefix": "/openai"}]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stall", ["cold", "paused"])
 def test_a_burst_over_three_fresh_replicas_stays_within_the_bound(
         upstream: Upstream, own_redis: RedisProcess, tmp_path: Any, stall: str) -> None:
@@ -113,6 +114,7 @@ def store(request: pytest.FixtureRequest, own_redis: RedisProcess) -> str:
     return "memory" if request.param == "memory" else own_redis.url
 
 
+@pytest.mark.slow
 def test_a_stalled_store_admits_no_more_than_the_limit_per_replica(
         proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry, own_redis: RedisProcess, store: str) -> None:
     cfg = {"upstreams": upstreams(upstream.url), "store": store, "store_timeout_ms": 250,
@@ -129,6 +131,7 @@ def test_a_stalled_store_admits_no_more_than_the_limit_per_replica(
     assert by_bound == ({} if store == "memory" else {"local": LIMIT})
 
 
+@pytest.mark.slow
 def test_ready_only_once_the_store_answers_with_its_scripts_loaded(upstream: Upstream, tmp_path: Any) -> None:
     port = free_port()
     proc = RagtollProcess(tmp_path, replica_config(f"redis://127.0.0.1:{port}/0", upstream)).start()
@@ -157,6 +160,7 @@ WORDS = 4000  # each stream would give this many output tokens ("hi": one token 
 TOKEN_LIMIT = 5000
 
 
+@pytest.mark.slow
 def test_streams_whose_store_stalls_mid_way_stay_within_the_bound(
         upstream: Upstream, own_redis: RedisProcess, tmp_path: Any) -> None:
     """48 streams of one task over three replicas against `max_completion_tokens`; Redis stalls

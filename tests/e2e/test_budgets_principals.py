@@ -57,6 +57,7 @@ def rotate(base: str, n: int, headers: Any, bases: list[str] | None = None) -> l
     return asyncio.run(main())
 
 
+@pytest.mark.slow
 def test_a_thousand_rotated_task_ids_are_stopped_by_new_tasks_per_minute(
         proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry, store: str) -> None:
     key = f"Bearer sk-{uuid.uuid4().hex}"  # a principal of its own on the shared Redis
@@ -103,6 +104,7 @@ def test_rotated_task_ids_over_three_replicas(kind: str, upstream: Upstream, red
     assert {a.json()["error"]["dimension"] for a in answers if a.status_code != 200} == {"max_new_tasks_per_minute"}
 
 
+@pytest.mark.slow
 def test_rotated_user_agents_under_the_session_policy_are_stopped(proxy: ProxyFactory, upstream: Upstream) -> None:
     # no task id: each User-Agent is a session (a task) of its own; the principal is the address
     cfg = settings("memory", {"default": {"max_new_tasks_per_minute": 5}}, tasks={"untracked": "session"})
@@ -135,6 +137,7 @@ def test_concurrent_tasks_are_bounded_until_one_ends(proxy: ProxyFactory, upstre
     assert upstream.app.state.calls[CHAT] == 4  # a, b, a again, c
 
 
+@pytest.mark.slow
 def test_idle_sweep_frees_the_principals_tasks(proxy: ProxyFactory, upstream: Upstream) -> None:
     cfg = settings("memory", {"default": {"max_concurrent_tasks": 1}}, tasks={"idle_timeout_s": 0.3})
     with proxy(upstreams=upstreams(upstream.url), **cfg) as base, httpx.Client(timeout=10) as http:

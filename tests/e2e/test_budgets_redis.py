@@ -46,6 +46,7 @@ def test_redis_store_enforces_and_records_to_a_stream(proxy: ProxyFactory, upstr
         (t, 2, {"max_steps": 1}, {"correct": False})
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["open", "closed"])
 def test_store_stopped_mid_test(proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry, mode: str) -> None:
     server = start_redis()

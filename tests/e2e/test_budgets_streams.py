@@ -82,6 +82,7 @@ def check(store: str, n: int, upstream: Upstream, tmp_path: Any) -> None:
     assert token_used["completion_tokens"] <= TOKEN_LIMIT + admitted * EXTENSION
 
 
+@pytest.mark.slow
 def test_concurrent_streams_of_a_task_stay_within_the_limit_on_the_memory_store(upstream: Upstream,
                                                                                 tmp_path: Any) -> None:
     check("memory", 1, upstream, tmp_path)

@@ -152,6 +152,7 @@ def calls(telemetry: Telemetry) -> list[Any]:
     ]
 
 
+@pytest.mark.slow
 def test_concurrent_users_of_one_key_are_told_apart(telemetry: Telemetry, tmp_path: Any, store: str) -> None:
     questions = [f"What is the refund policy for order {i}? ({uuid.uuid4().hex[:6]})" for i in range(8)]
     questions += questions[:2]  # two users ask exactly what two others ask, at the same time
@@ -181,6 +182,7 @@ def test_concurrent_users_of_one_key_are_told_apart(telemetry: Telemetry, tmp_pa
     assert per_task == {t: 2 for t in tasks}
 
 
+@pytest.mark.slow
 def test_many_users_behind_one_key_are_never_locked_out(telemetry: Telemetry, tmp_path: Any) -> None:
     """Issue 31's first repro: 45 conversations from one client, embedded defaults: none refused
     (before: the 42nd on got 429 max_steps, as one `session` task)."""
@@ -191,6 +193,7 @@ def test_many_users_behind_one_key_are_never_locked_out(telemetry: Telemetry, tm
     assert llm_app.state.served["chat"] == 45 * 3
 
 
+@pytest.mark.slow
 def test_a_runaway_conversation_is_still_stopped(telemetry: Telemetry, tmp_path: Any) -> None:
     """A conversation is a task ragtoll is sure of: its limits apply (the embedded `bounded` profile:
     the loop's searches stall, then the model is asked to answer without tools)."""
@@ -214,6 +217,7 @@ def run_session_client(base: str, n: int) -> list[httpx.Response]:
         ]
 
 
+@pytest.mark.slow
 def test_a_session_gets_progress_limits_only_unless_the_operator_asks(
     telemetry: Telemetry, tmp_path: Any
 ) -> None:
@@ -236,6 +240,7 @@ def test_a_session_gets_progress_limits_only_unless_the_operator_asks(
     assert codes[:5] == [200] * 5 and set(codes[5:]) == {402}
 
 
+@pytest.mark.slow
 def test_a_search_before_the_loop_joins_the_loop_that_asks_its_question(
     telemetry: Telemetry, tmp_path: Any
 ) -> None:
@@ -272,6 +277,7 @@ def test_a_search_before_the_loop_joins_the_loop_that_asks_its_question(
         assert mine[1].attributes[sc.TASK_MATCH] == "pre-search"  # the loop's first call joined it
 
 
+@pytest.mark.slow
 def test_a_conversation_spans_replicas(telemetry: Telemetry, tmp_path: Any, redis_url: str) -> None:
     """Two replicas on one Redis: the model calls go to one, the searches to the other; each search
     still joins the conversation whose answer asked for it."""
@@ -342,6 +348,7 @@ def responses_app() -> Any:
     return Starlette(routes=[Route("/v1/responses", respond, methods=["POST"])])
 
 
+@pytest.mark.slow
 def test_a_responses_api_chain_is_one_task(telemetry: Telemetry, tmp_path: Any) -> None:
     """The Responses API names its chain: previous_response_id joins the task of that response;
     the search its function call asked for joins it too."""

@@ -32,6 +32,7 @@ def demo(
     return result, out.getvalue(), records, receiver
 
 
+@pytest.mark.slow
 def test_printed_table_is_computed_from_ragtolls_task_records(demo: tuple) -> None:
     result, out, records, _ = demo
     shadow = report.read_jsonl(str(records / "shadow.jsonl"))
@@ -169,6 +170,7 @@ def test_cli_demo_help_lists_the_options(capsys: pytest.CaptureFixture[str]) -> 
     assert "--keep-running" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_demo_figure_is_drawn_from_the_records_it_kept(demo: tuple, tmp_path: pathlib.Path) -> None:
     from PIL import Image
     from ragtoll.proxy.tools import report_compare
@@ -200,6 +202,7 @@ def test_demo_figure_is_drawn_from_the_records_it_kept(demo: tuple, tmp_path: pa
     assert top.cost_usd["enforced"] == runaway["cost_usd"] < top.cost_usd["shadow"]
 
 
+@pytest.mark.slow
 def test_cli_demo_plot_writes_the_figure(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["demo", "--quick", "--plot", str(tmp_path / "demo.html")]) == 2  # refused before running
     assert "name a .png, .svg or .pdf file" in capsys.readouterr().err

@@ -357,6 +357,7 @@ class Authz:
         await send({"type": "http.response.body", "body": raw})
 
 
+@pytest.mark.slow
 def test_external_authz_reconfirms_every_serve_and_fails_closed(cache_proxy: Any, retriever: Any,
                                                                 telemetry: Any) -> None:
     authz = Authz()

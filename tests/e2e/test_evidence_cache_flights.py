@@ -119,6 +119,7 @@ async def burst(base: str, app: Search, query: dict[str, Any], tag: str, *, rele
         return (None if leaves else await leader), answers
 
 
+@pytest.mark.slow
 def test_a_failed_leader_hands_its_key_to_one_waiter(store: str, telemetry: Any) -> None:
     """The leader's call fails (500): one waiter retries, the 48 others are served its answer."""
     app = Search([500, 200])
@@ -131,6 +132,7 @@ def test_a_failed_leader_hands_its_key_to_one_waiter(store: str, telemetry: Any)
     assert sum(w.headers.get("x-ragtoll-cache", "").startswith("hit") for w in waiters) == WAITERS - 1
 
 
+@pytest.mark.slow
 def test_an_upstream_failing_twice_in_a_row_fails_the_waiters_without_more_calls(store: str,
                                                                                  telemetry: Any) -> None:
     app = Search([500])
@@ -145,6 +147,7 @@ def test_an_upstream_failing_twice_in_a_row_fails_the_waiters_without_more_calls
     assert "failed 2 times in a row" in refused.json()["error"]["message"]
 
 
+@pytest.mark.slow
 def test_a_leader_whose_client_vanished_hands_its_key_to_one_waiter(store: str, telemetry: Any) -> None:
     app = Search([200])
     with ragtoll(app, store, telemetry) as base:
@@ -154,6 +157,7 @@ def test_a_leader_whose_client_vanished_hands_its_key_to_one_waiter(store: str, 
     assert sum(w.headers.get("x-ragtoll-cache", "").startswith("hit") for w in waiters) == WAITERS - 1
 
 
+@pytest.mark.slow
 def test_a_hanging_upstream_gets_two_calls_not_fifty(store: str, telemetry: Any) -> None:
     """The upstream never answers: the leader's read timeout fails it, one waiter retries, and its
     timeout fails the rest."""
@@ -167,6 +171,7 @@ def test_a_hanging_upstream_gets_two_calls_not_fifty(store: str, telemetry: Any)
     assert {w.status_code for w in waiters} <= {502, 504} and all(w.json()["error"]["code"] for w in waiters)
 
 
+@pytest.mark.slow
 def test_a_waiter_past_its_deadline_is_refused_without_waiting(store: str, telemetry: Any) -> None:
     """A duplicate whose task has passed `max_latency_ms` gets its refusal while the leader is still
     upstream (it used to wait for the leader first)."""

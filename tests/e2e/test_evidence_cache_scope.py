@@ -208,6 +208,7 @@ def test_a_broader_principal_gets_its_own_live_results(ragtoll: Any, stack: Any,
 
 # --- 3. freshness -----------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_version_change_at_the_source_is_served_within_the_bound(ragtoll: Any, stack: Any,
                                                                    telemetry: Any) -> None:
     """The source restricts a chunk and bumps its version; no other call misses meanwhile. Within the
@@ -229,6 +230,7 @@ def test_a_version_change_at_the_source_is_served_within_the_bound(ragtoll: Any,
     assert cache_spans(telemetry)[2][sc.CACHE_REASON] == "stale:version"
 
 
+@pytest.mark.slow
 def test_past_the_bound_without_a_probe_or_push_nothing_old_is_served(ragtoll: Any, stack: Any) -> None:
     _, app = stack
     with ragtoll(docs_cache={"max_staleness_s": 0.5}) as base:
@@ -287,6 +289,7 @@ def test_groups_only_header_identity_uses_the_cache(ragtoll: Any, stack: Any) ->
 
 # --- 6. single flight --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_duplicate_during_an_in_flight_miss_waits_for_it(ragtoll: Any, stack: Any, telemetry: Any) -> None:
     _, app = stack
     app.delay = 0.4

@@ -75,6 +75,7 @@ def requests_seen(telemetry: Telemetry) -> int:
     return sum(1 for s in telemetry.spans() if s.kind == SpanKind.SERVER)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 def test_a_refusal_is_one_request_and_a_clear_error(
     framework: str, proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry, framework_path: str
@@ -91,6 +92,7 @@ def test_a_refusal_is_one_request_and_a_clear_error(
     assert statuses == {402}
 
 
+@pytest.mark.slow
 def test_why_llm_routes_refuse_with_402_not_429(
     proxy: ProxyFactory, upstream: Upstream, telemetry: Telemetry, framework_path: str
 ) -> None:

@@ -120,6 +120,7 @@ def held() -> Iterator[tuple[str, Held]]:
         yield url, app
 
 
+@pytest.mark.slow
 def test_an_answer_past_the_global_bound_passes_through_unread(proxy: ProxyFactory, held: tuple[str, Held],
                                                                telemetry: Telemetry) -> None:
     """Bound 16 MiB: of three 7 MB answers held at once, at most two are read; all three arrive whole."""

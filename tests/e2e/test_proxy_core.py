@@ -121,6 +121,7 @@ def test_connect_failure_is_502_json_naming_upstream(upstream: Upstream, telemet
     assert call.attributes["error.type"] == "upstream_unavailable"
 
 
+@pytest.mark.slow
 def test_slow_headers_beyond_timeout_is_504_json(upstream: Upstream, telemetry: Telemetry) -> None:
     from ragtoll.proxy import config
     from ragtoll.proxy.app import build_app
@@ -251,6 +252,7 @@ def test_untracked_reject_gives_400_json(proxy: ProxyFactory, upstream: Upstream
     assert upstream.app.state.calls["/v1/chat/completions"] == 1
 
 
+@pytest.mark.slow
 def test_many_concurrent_calls_all_complete(proxy: ProxyFactory) -> None:
     async def run(base: str) -> list[int]:
         async with httpx.AsyncClient() as http:

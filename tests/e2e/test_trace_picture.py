@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import Upstream
 from ragtoll.instrumentation import setup
 from ragtoll.instrumentation.render_trace import render_tree
@@ -67,6 +68,7 @@ def export_task_trace(upstream: Upstream) -> list[dict]:
     return [s for s in receiver.spans if s["trace_id"] == trace_id]
 
 
+@pytest.mark.slow
 def test_docs_picture_matches_a_real_export(upstream: Upstream) -> None:
     spans = export_task_trace(upstream)
     by_id = {s["span_id"]: s for s in spans}

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 from conftest import ProxyFactory, Telemetry, Upstream, default_upstreams
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
@@ -52,6 +53,7 @@ def test_span_tree_under_callers_traceparent(proxy: ProxyFactory, telemetry: Tel
     assert len({s.context.trace_id for s in spans}) == 1
 
 
+@pytest.mark.slow
 def test_call_span_ends_when_the_body_ends_not_at_headers(proxy: ProxyFactory, telemetry: Telemetry) -> None:
     body = {"model": "gpt-4o-mini", "stream": True, "messages": [], "stream_options": {"include_usage": True}}
     with proxy() as base, httpx.Client() as http, http.stream(
@@ -153,6 +155,7 @@ def test_content_capture_records_prompts_and_completions_within_limits(proxy: Pr
     assert streamed.attributes["gen_ai.output.messages"] == '["Hel","lo"," the","re","."]'
 
 
+@pytest.mark.slow
 def test_a_ratio_sampler_keeps_or_drops_whole_tasks_and_budgets_stay_exact(upstream: Upstream, tmp_path: Any) -> None:
     """OTEL_TRACES_SAMPLER=parentbased_traceidratio: a header-named task's calls and its summary span
     are kept or dropped together (the virtual root is sampled as a root of the task's trace), while

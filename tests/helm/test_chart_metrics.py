@@ -84,6 +84,7 @@ def test_pod_monitor_scrapes_the_sidecars_metrics_port() -> None:
     assert not any({"port": 8787, "protocol": "TCP"} in rule["ports"] for rule in policy["spec"]["ingress"])
 
 
+@pytest.mark.slow
 def test_service_monitor_scrapes_the_gateways_metrics_port() -> None:
     docs = documents(render(ci_values("gateway-servicemonitor")))
     service = find(docs, "Service", "demo-ragtoll")

@@ -100,6 +100,7 @@ def run_agent(tmp_path: Path, port: int, protocol: str, **extra: str) -> subproc
     return done
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_agent_exits_within_the_bound_while_a_collector_holds_the_connection(
     tmp_path: Path, black_hole: BlackHole, protocol: str
@@ -114,6 +115,7 @@ def test_agent_exits_within_the_bound_while_a_collector_holds_the_connection(
     assert said == [expected], done.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_agent_exits_within_the_bound_with_no_collector_listening(tmp_path: Path, protocol: str) -> None:
     done = run_agent(tmp_path, unused_port(), protocol, RAGTOLL_EXPORT_EXIT_TIMEOUT_MS="200")
@@ -149,6 +151,7 @@ def test_exit_timeout_comes_from_env_and_a_bad_value_keeps_the_default(
     assert agent_exit.collector({}) == "http://localhost:4318"
 
 
+@pytest.mark.slow
 def test_an_agent_that_shut_its_providers_down_itself_hears_nothing_more(tmp_path: Path) -> None:
     script = tmp_path / "tidy.py"
     script.write_text(

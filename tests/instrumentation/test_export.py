@@ -127,6 +127,7 @@ def test_thread_mode_exports_in_process(receiver: tuple[OtlpReceiver, dict[str, 
         setup.tracer_provider(env, export="carrier-pigeon")
 
 
+@pytest.mark.slow
 def test_a_killed_export_process_is_replaced(receiver: tuple[OtlpReceiver, dict[str, str]]) -> None:
     otlp, env = receiver
     before = set(multiprocessing.active_children())
@@ -178,6 +179,7 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_the_export_process_ends_when_its_parent_is_killed(receiver: tuple[OtlpReceiver, dict[str, str]],
                                                            tmp_path: Any) -> None:
     otlp, env = receiver
@@ -206,6 +208,7 @@ def export_from_a_daemon(endpoint: str) -> None:
     provider.shutdown()
 
 
+@pytest.mark.slow
 def test_a_daemonic_process_exports_in_process(receiver: tuple[OtlpReceiver, dict[str, str]]) -> None:
     """A daemonic multiprocessing worker (hypercorn's) may not start children: its spans still arrive."""
     otlp, env = receiver

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from ragtoll.proxy.core.signing import signed_profile, verify_budget_baggage, verify_outcome
 from ragtoll.proxy.request.identify import parse_baggage
 
@@ -39,6 +40,7 @@ def test_sign_budget_without_key_or_with_bad_limit_exits_2() -> None:
     assert bad.returncode == 2 and "DIMENSION=VALUE" in bad.stderr
 
 
+@pytest.mark.slow
 def test_serve_on_a_taken_port_exits_3_without_saying_it_listens() -> None:
     import socket
 

@@ -7,12 +7,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ragtoll.proxy", "principal-id", *args], check=False,
                           capture_output=True, text=True, timeout=60, input=stdin, env=dict(os.environ))
 
 
+@pytest.mark.slow
 def test_prints_the_id_of_each_kind() -> None:
     assert run("--subject", "alice", "--tenant", "acme").stdout == "sub:acme/alice\n"
     assert run("--subject", "alice").stdout == "sub:alice\n"

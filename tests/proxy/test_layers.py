@@ -62,15 +62,18 @@ def graph() -> dict[str, set[str]]:
     return edges
 
 
+@pytest.mark.slow
 def test_every_room_has_a_layer() -> None:
     assert set(graph()) <= set(RANK), f"rooms without a layer: {sorted(set(graph()) - set(RANK))}"
 
 
+@pytest.mark.slow
 def test_imports_point_down() -> None:
     upward = sorted((src, dst) for src, dsts in graph().items() for dst in dsts if RANK[dst] > RANK[src])
     assert upward == [], f"imports that point up the layer list: {upward}"
 
 
+@pytest.mark.slow
 def test_no_cycle_between_packages() -> None:
     edges = graph()
     cycles: list[list[str]] = []

@@ -55,6 +55,7 @@ def test_published_description_is_the_one_served(admin_base: str) -> None:
     assert httpx.get(f"{admin_base}/admin/openapi.json").json() == OPENAPI
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @settings(max_examples=25, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 def test_admin_api_conforms_with_the_token(case: Any, admin_base: str) -> None:

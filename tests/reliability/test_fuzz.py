@@ -78,6 +78,7 @@ def test_baggage_is_parsed_or_ignored_with_notes(value: str) -> None:
                                                  "authorization"]), st.one_of(HEADER_TEXT, TRACEPARENT, BAGGAGE)),
        duplicated=st.frozensets(st.sampled_from(["traceparent", "baggage", "x-ragtoll-task-id"])),
        policy=st.sampled_from(["session", "per-call", "reject"]))
+@pytest.mark.slow
 def test_identify_always_names_a_safe_task_or_asks_for_one(headers: dict[str, str], duplicated: frozenset[str],
                                                            policy: str) -> None:
     ident = Identifier(TasksConfig(untracked=policy))  # type: ignore[arg-type]
@@ -124,6 +125,7 @@ def test_remaining_header_is_valid_rfc8941_and_never_negative(limits: dict[str, 
 @given(profile=st.builds(Profile, **{d: st.none() | st.integers(0, 10**9) for d in DIMENSIONS if d != "max_cost_usd"},
                          max_cost_usd=st.none() | st.floats(0, 100)),
        members=st.dictionaries(MEMBER_KEY, MEMBER_VALUE, max_size=6))
+@pytest.mark.slow
 def test_plain_baggage_can_only_lower_limits(profile: Profile, members: dict[str, str]) -> None:
     limits, _notes = bm.effective_limits(profile, members)
     base = profile.limits()
@@ -144,6 +146,7 @@ def test_signed_baggage_never_raises_and_unsigned_never_raises_limits(members: d
         assert raises == {}
 
 
+@pytest.mark.slow
 @FAST
 @given(task=st.from_regex(TASK_ID, fullmatch=True), other=st.from_regex(TASK_ID, fullmatch=True),
        steps=st.integers(1, 10**6))

@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 import redis
-
 from support.otlp import OtlpReceiver
 from support.process import RagtollProcess
 from support.servers import serve_in_thread
@@ -61,6 +60,7 @@ def _task_spans(receiver: OtlpReceiver) -> dict[str, dict[str, Any]]:
         return {s["attributes"]["ragtoll.task.id"]: s for s in receiver.spans if s["name"] == "ragtoll.task"}
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_calls_in_flight_then_ends_every_live_task(
         upstream: Any, otlp: tuple[str, OtlpReceiver], tmp_path: Path) -> None:
     otlp_url, receiver = otlp
@@ -97,6 +97,7 @@ def test_sigterm_finishes_calls_in_flight_then_ends_every_live_task(
     assert set(spans) == set(ended)
 
 
+@pytest.mark.slow
 def test_sigterm_with_redis_hands_live_tasks_to_the_replica_that_stays(
         upstream: Any, otlp: tuple[str, OtlpReceiver], redis_url: str, tmp_path: Path) -> None:
     otlp_url, receiver = otlp

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.usefixtures("admin_token")
     ("garbage", 502, "upstream_unavailable"),
     ("no-headers", 504, "upstream_timeout"),
 ])
+@pytest.mark.slow
 def test_failure_before_headers_is_a_json_error_and_releases_the_reservation(
         proxy: ProxyFactory, faulty: FaultyUpstream, telemetry: Telemetry, fault: str, status: int, code: str) -> None:
     task = new_task()
@@ -61,6 +62,7 @@ def test_refused_connection_releases_the_reservation(proxy: ProxyFactory, teleme
     ("stall-mid-stream", "upstream_timeout"),
     ("garbage-mid-body", "upstream_unavailable"),
 ])
+@pytest.mark.slow
 def test_failure_mid_stream_cuts_the_body_short_and_settles(
         proxy: ProxyFactory, faulty: FaultyUpstream, telemetry: Telemetry, fault: str, code: str) -> None:
     task = new_task()
@@ -89,6 +91,7 @@ def test_failure_mid_stream_cuts_the_body_short_and_settles(
         assert faulty.last().peer_closed  # ragtoll hung up on the stalled upstream
 
 
+@pytest.mark.slow
 def test_ten_megabyte_answer_arrives_whole_and_is_recorded(proxy: ProxyFactory, faulty: FaultyUpstream,
                                                             telemetry: Telemetry) -> None:
     tasks = {"raw": new_task(), "openai": new_task()}
@@ -107,6 +110,7 @@ def test_ten_megabyte_answer_arrives_whole_and_is_recorded(proxy: ProxyFactory, 
     assert after["in_flight"] == 0
 
 
+@pytest.mark.slow
 def test_dribbled_body_arrives_whole(proxy: ProxyFactory, faulty: FaultyUpstream, telemetry: Telemetry) -> None:
     task = new_task()
     with proxy(upstreams=routes(faulty.url), budgets=BUDGETS) as base, httpx.Client(timeout=10) as http:

@@ -9,6 +9,7 @@ import asyncio
 import random
 from collections import Counter
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ragtoll.proxy.cache import acl
@@ -37,6 +38,7 @@ def visible(chunk_acl: tuple[str, ...] | None, who: Principal, fetcher: Principa
     return PUBLIC in chunk_acl or any(g in chunk_acl for g in who.groups)
 
 
+@pytest.mark.slow
 def test_no_chunk_is_ever_served_to_a_principal_outside_its_acl() -> None:
     combos = [0]
 
@@ -75,6 +77,7 @@ def test_public_marker_is_configurable() -> None:
     assert acl.decide([("everyone",)], None, bob, "public") == "acl:denied"
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(chunk_acls=st.lists(acls, min_size=1, max_size=4), fetcher=principals,
        askers=st.lists(principals, min_size=5, max_size=5))
@@ -164,6 +167,7 @@ callers = st.one_of(st.sampled_from(KNOWN), st.builds(
 calls = st.tuples(callers, st.sampled_from(QUERIES), st.sampled_from(SELECTORS[:3]), st.integers(1, 5))
 
 
+@pytest.mark.slow
 def test_nothing_is_served_outside_its_scope_or_unlike_live_retrieval() -> None:
     served = [0, 0]  # hits, chunk serves checked
     rules: Counter[str] = Counter()  # every rule took part: misses by reason, hits by view rule

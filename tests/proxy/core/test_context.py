@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ragtoll.proxy.core import context
@@ -59,6 +60,7 @@ def _texts(message: dict[str, Any]) -> list[tuple[str | None, str]]:
         if isinstance(doc, dict) else []
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(conversations())
 def test_each_rewrite_keeps_the_prefix_byte_identical(messages: list[dict[str, Any]]) -> None:
@@ -77,6 +79,7 @@ def test_each_rewrite_keeps_the_prefix_byte_identical(messages: list[dict[str, A
                 assert new == original
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(conversations())
 def test_no_chunk_text_is_lost_to_a_reference_the_model_never_saw(messages: list[dict[str, Any]]) -> None:
@@ -201,6 +204,7 @@ def anthropic_requests(draw: Any) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None)
 @given(anthropic_requests())
 def test_cache_control_never_exceeds_the_providers_limit_nor_moves_the_clients(doc: dict[str, Any]) -> None:

@@ -225,6 +225,7 @@ _exp = st.integers(min_value=1, max_value=10**11)
     key=st.one_of(st.none(), st.binary(min_size=16, max_size=64)),
     now=st.floats(allow_nan=True),
 )
+@pytest.mark.slow
 def test_no_input_raises_and_results_are_sane(
     members: dict[str, str], task: str, key: bytes | None, now: float
 ) -> None:
@@ -234,6 +235,7 @@ def test_no_input_raises_and_results_are_sane(
         assert all(isinstance(n, str) and n.isprintable() and "unverifiable" not in n for n in notes)
 
 
+@pytest.mark.slow
 @settings(max_examples=200)
 @given(limits=_limits, task=_tasks, exp=_exp, key=st.binary(min_size=16, max_size=64))
 def test_sign_then_verify_round_trips(limits: dict[str, float], task: str, exp: int, key: bytes) -> None:
@@ -242,6 +244,7 @@ def test_sign_then_verify_round_trips(limits: dict[str, float], task: str, exp: 
     assert requested_limits(members) == (limits, [])
 
 
+@pytest.mark.slow
 @settings(max_examples=200)
 @given(limits=_limits, task=_tasks, exp=_exp, now_past_exp=st.floats(min_value=0, max_value=1e6))
 def test_expired_never_verifies(limits: dict[str, float], task: str, exp: int, now_past_exp: float) -> None:
@@ -249,6 +252,7 @@ def test_expired_never_verifies(limits: dict[str, float], task: str, exp: int, n
     assert verify_budget_baggage(members, task, KEY, exp + now_past_exp)[0] == {}
 
 
+@pytest.mark.slow
 @settings(max_examples=300)
 @given(limits=_limits, task=_tasks, exp=_exp, data=st.data())
 def test_any_modified_member_never_verifies(

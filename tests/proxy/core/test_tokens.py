@@ -71,6 +71,7 @@ def test_prompt_count_marks_unknown_models_estimated() -> None:
     assert tokens.count_prompt("gpt-4o", ["hello world"], 1) == (8, False)
 
 
+@pytest.mark.slow
 def test_counting_works_with_the_network_unreachable(tmp_path: object) -> None:
     """A fresh interpreter with sockets disabled and an empty tiktoken cache: tiktoken's own
     loader fails (it would download), ragtoll's counts."""

@@ -103,6 +103,7 @@ async def _read_until_closed(reader: asyncio.StreamReader) -> bytes:
     return data
 
 
+@pytest.mark.slow
 async def test_connections_trickling_header_bytes_are_closed_at_the_header_timeout(front: RagtollProcess) -> None:
     async def trickle() -> float:
         reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
@@ -127,6 +128,7 @@ async def test_connections_trickling_header_bytes_are_closed_at_the_header_timeo
     assert max(closed_after) < HEADER_TIMEOUT_S + 3, sorted(closed_after)[-5:]
 
 
+@pytest.mark.slow
 async def test_a_body_slower_than_the_body_timeout_gets_408(front: RagtollProcess) -> None:
     async def slow_body(path: str) -> bytes:
         reader, writer = await asyncio.open_connection("127.0.0.1", front.port)
@@ -220,6 +222,7 @@ def test_an_sse_event_that_never_ends_passes_without_stalling_the_proxy(front: R
     assert cpu < 5, f"ragtoll spent {cpu:.1f} s of CPU on a 20 MB event (quadratic scanning)"
 
 
+@pytest.mark.slow
 def test_a_20_mb_normal_stream_passes_whole_and_is_read(front: RagtollProcess) -> None:
     body, events = normal_stream()
     task = "front-normal-stream"

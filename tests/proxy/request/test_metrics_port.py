@@ -22,6 +22,7 @@ def families(text: str) -> set[str]:
     return {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
 
 
+@pytest.mark.slow
 def test_the_metrics_port_serves_what_get_metrics_serves(tmp_path: Path, upstream: Any) -> None:
     metrics_port = free_port()
     config = {
@@ -55,6 +56,7 @@ def test_the_metrics_port_serves_what_get_metrics_serves(tmp_path: Path, upstrea
     assert f"metrics on http://127.0.0.1:{metrics_port}/metrics" in rt.log.read_text()
 
 
+@pytest.mark.slow
 def test_a_taken_metrics_port_is_named_at_start(tmp_path: Path, upstream: Any) -> None:
     with RagtollProcess(tmp_path, {"upstreams": []}) as taken:  # any listening port
         config = {"server": {"metrics_port": taken.port}}

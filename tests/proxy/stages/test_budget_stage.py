@@ -438,6 +438,7 @@ async def test_a_reserve_that_lands_after_its_timeout_is_cancelled(mode: str, fi
     assert store.cancels >= 1
 
 
+@pytest.mark.slow
 async def test_a_failed_settle_is_retried_until_the_store_takes_it() -> None:
     xs = Exchanges()
     inner = MemoryStore()

@@ -42,6 +42,7 @@ async def reconciled(before: set[asyncio.Task[object]]) -> None:
     await asyncio.wait_for(asyncio.gather(*started, return_exceptions=True), 30)
 
 
+@pytest.mark.slow
 async def test_a_stalled_store_is_decided_on_the_local_ledger(paused: RedisProcess) -> None:
     store = RedisStore(paused.url, timeout_s=0.2)
     local = MemoryStore()
@@ -70,6 +71,7 @@ async def test_a_stalled_store_is_decided_on_the_local_ledger(paused: RedisProce
     assert ledger is not None and ledger.used("inflight") == 1  # the first settled there, the second in flight
 
 
+@pytest.mark.slow
 async def test_without_a_fallback_a_stalled_store_raises(paused: RedisProcess) -> None:
     store = RedisStore(paused.url, timeout_s=0.2)
     breaker = Breaker(store, 0.2, wall_ms, reservation_ttl_ms=500)

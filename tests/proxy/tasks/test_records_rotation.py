@@ -117,6 +117,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_processes_sharing_one_file_rotate_it_without_losing_a_line(tmp_path: Path) -> None:
     # Each process has its own lock; the flock on the file keeps their rotations from colliding
     # (two rotations at once would shift a file twice and drop records early).
@@ -186,6 +187,7 @@ def test_records_size_keys_default_and_are_validated() -> None:
         assert message in str(caught.value)
 
 
+@pytest.mark.slow
 def test_the_app_rotates_its_records_file_as_configured(proxy: ProxyFactory, upstream: Upstream,
                                                         tmp_path: Path) -> None:
     base = tmp_path / "records.jsonl"

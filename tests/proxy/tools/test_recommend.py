@@ -108,6 +108,7 @@ def profile_of(t: Task, text: str, by: str) -> str:
     return budgets.classes.get(t.cls, budgets.default_profile) if by == "class" else t.profile
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(tasks(), st.floats(1.0, 2.0), st.booleans(), st.sampled_from(["profile", "class"]))
 def test_recommended_limits_admit_every_call_of_every_task_not_judged_wrong(
@@ -123,6 +124,7 @@ def test_recommended_limits_admit_every_call_of_every_task_not_judged_wrong(
     assert "0 of them correct" in text
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(tasks(), st.floats(5, 100), st.booleans())
 def test_a_tighter_percentile_names_every_correct_task_it_cuts(ts: list[Task], pct: float, latency: bool) -> None:

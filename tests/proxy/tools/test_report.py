@@ -111,6 +111,7 @@ def test_bad_records_name_the_line(tmp_path: pathlib.Path) -> None:
         report.read_jsonl(str(tmp_path / "missing.jsonl"))
 
 
+@pytest.mark.slow
 def test_cli_report_writes_table_and_plot(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     from PIL import Image
 

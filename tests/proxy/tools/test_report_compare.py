@@ -216,6 +216,7 @@ def many_groups_run(label: str) -> report_compare.Run:
     return report_compare.Run(label, recs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["one run", "two runs", "three runs, nine long groups"])
 def test_figure_text_never_overlaps(shape: str) -> None:
     runs = {
@@ -227,6 +228,7 @@ def test_figure_text_never_overlaps(shape: str) -> None:
     assert_no_text_collides(fig)
 
 
+@pytest.mark.slow
 def test_png_shows_every_run_in_its_colour(tmp_path: pathlib.Path) -> None:
     path = tmp_path / "cmp.png"
     report_plot.render(demo_like_runs(), "class", str(path))
@@ -245,6 +247,7 @@ def pixels(path: pathlib.Path) -> dict[tuple[int, int, int], int]:
         return {rgb: n for n, rgb in image.convert("RGB").getcolors(maxcolors=1 << 22) or []}
 
 
+@pytest.mark.slow
 def test_svg_and_pdf_by_extension_and_nothing_else(tmp_path: pathlib.Path) -> None:
     import xml.etree.ElementTree as ET
 
@@ -256,6 +259,7 @@ def test_svg_and_pdf_by_extension_and_nothing_else(tmp_path: pathlib.Path) -> No
         report_plot.render(demo_like_runs(), "profile", str(tmp_path / "cmp.html"))
 
 
+@pytest.mark.slow
 def test_a_run_without_any_limit_hit_says_so() -> None:
     calm = [report_compare.Run("calm", [dict(r, rejections={}) for r in report.read_jsonl(str(FIXTURE))])]
     fig = report_plot.figure(calm, "class")
@@ -266,6 +270,7 @@ def test_a_run_without_any_limit_hit_says_so() -> None:
 # ---- the command line ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_compares_files_in_table_and_figure(
     tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -284,6 +289,7 @@ def test_cli_compares_files_in_table_and_figure(
     assert capsys.readouterr().err == "ragtoll report: 1 --label for 2 record sources; give one per source\n"
 
 
+@pytest.mark.slow
 def test_cli_draws_the_limits_of_a_config(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     config = tmp_path / "ragtoll.yaml"
     config.write_text(

@@ -35,6 +35,13 @@ TOOLS: Any = [
 ]
 
 
+def _routes(llm: str, docs: str) -> list[dict[str, Any]]:
+    """The stack's two routes: the model and the search, whose fields ragtoll reads."""
+    fields = {"query": "query", "top_k": "top_k", "results": "results", "id": "id", "text": "text"}
+    return [{"name": "llm", "kind": "llm", "api": "openai", "url": llm, "prefix": "/llm"},
+            {"name": "docs", "kind": "retrieval", "api": "json", "url": docs, "prefix": "/docs", "fields": fields}]
+
+
 def policy(messages: list[dict[str, Any]], final: bool = False) -> Action:
     """Search twice (the question, then the question and 'policy'), then answer; `loop:` questions
     never stop. The question is the user's message as the model sees it."""
@@ -57,23 +64,7 @@ def stack(
     llm_app = services.llm_app(policy)
     with serve_in_thread(llm_app) as llm, serve_in_thread(services.retrieval_app(load_corpus())) as docs:
         doc: dict[str, Any] = {
-            "upstreams": [
-                {"name": "llm", "kind": "llm", "api": "openai", "url": llm, "prefix": "/llm"},
-                {
-                    "name": "docs",
-                    "kind": "retrieval",
-                    "api": "json",
-                    "url": docs,
-                    "prefix": "/docs",
-                    "fields": {
-                        "query": "query",
-                        "top_k": "top_k",
-                        "results": "results",
-                        "id": "id",
-                        "text": "text",
-                    },
-                },
-            ],
+            "upstreams": _routes(llm, docs),
             "store": store,
             **raw,
         }
@@ -357,23 +348,7 @@ def test_a_responses_api_chain_is_one_task(telemetry: Telemetry, tmp_path: Any) 
         serve_in_thread(services.retrieval_app(load_corpus())) as docs,
     ):
         doc = {
-            "upstreams": [
-                {"name": "llm", "kind": "llm", "api": "openai", "url": llm, "prefix": "/llm"},
-                {
-                    "name": "docs",
-                    "kind": "retrieval",
-                    "api": "json",
-                    "url": docs,
-                    "prefix": "/docs",
-                    "fields": {
-                        "query": "query",
-                        "top_k": "top_k",
-                        "results": "results",
-                        "id": "id",
-                        "text": "text",
-                    },
-                },
-            ],
+            "upstreams": _routes(llm, docs),
             "budgets": {"records_file": str(tmp_path / "records.jsonl")},
         }
         app = build_app(

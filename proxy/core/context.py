@@ -239,20 +239,20 @@ def dedupe_result(text: str, where: str, seen: dict[str, str], rewrite: Rewrite,
 def openai_evidence_once(doc: dict[str, Any], rewrite: Rewrite, min_chars: int) -> None:
     """Chat Completions (`messages`, role tool) and Responses (`input`, function_call_output)."""
     seen: dict[str, str] = {}
-    messages = doc.get("messages")
-    if isinstance(messages, list):
-        for i, m in enumerate(messages):
-            if isinstance(m, dict) and m.get("role") == "tool" and isinstance(m.get("content"), str):
-                new = dedupe_result(m["content"], f"message {i}", seen, rewrite, min_chars)
-                if new is not m["content"]:
-                    messages[i] = {**m, "content": new}
-    items = doc.get("input")
-    if isinstance(items, list):
-        for i, item in enumerate(items):
-            if isinstance(item, dict) and item.get("type") == "function_call_output" and isinstance(item.get("output"), str):
-                new = dedupe_result(item["output"], f"input item {i}", seen, rewrite, min_chars)
-                if new is not item["output"]:
-                    items[i] = {**item, "output": new}
+    _dedupe_texts(doc.get("messages"), ("role", "tool"), "content", "message", seen, rewrite, min_chars)
+    _dedupe_texts(doc.get("input"), ("type", "function_call_output"), "output", "input item", seen, rewrite, min_chars)
+
+
+def _dedupe_texts(items: Any, kind: tuple[str, str], field: str, label: str, seen: dict[str, str],
+                  rewrite: Rewrite, min_chars: int) -> None:
+    """Each item of `items` whose `kind[0]` is `kind[1]` has its text `field` deduplicated, in order."""
+    if not isinstance(items, list):
+        return
+    for i, item in enumerate(items):
+        if isinstance(item, dict) and item.get(kind[0]) == kind[1] and isinstance(item.get(field), str):
+            new = dedupe_result(item[field], f"{label} {i}", seen, rewrite, min_chars)
+            if new is not item[field]:
+                items[i] = {**item, field: new}
 
 
 def anthropic_evidence_once(doc: dict[str, Any], rewrite: Rewrite, min_chars: int) -> None:

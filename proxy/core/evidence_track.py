@@ -26,7 +26,7 @@ from . import tokens
 MIN_PIECE_CHARS = 24
 EVIDENCE_HEADER = "x-ragtoll-evidence"
 
-_SPLIT = re.compile(r"\n+|(?<=[.!?。！？])\s+")
+PASSAGE_SPLIT = re.compile(r"\n+|(?<=[.!?。！？])\s+")
 _MARKER = re.compile(r"^(?:\[\d+\]|\(\d+\)|\d+[.)]|[-*•>]+)\s*")
 _SPACE = re.compile(r"\s+")
 
@@ -59,7 +59,7 @@ def new_chunks(chunks: Iterable[Chunk], seen: AbstractSet[str]) -> list[str]:
 
 def _pieces(text: str) -> Iterator[tuple[str, str]]:
     """(raw passage, fingerprint) for each passage long enough to identify evidence."""
-    for raw in _SPLIT.split(text):
+    for raw in PASSAGE_SPLIT.split(text):
         piece = _norm(_MARKER.sub("", raw.strip()))
         if len(piece) >= MIN_PIECE_CHARS:
             yield raw, xxhash.xxh3_64_hexdigest(piece.encode("utf-8", "surrogatepass"))

@@ -132,6 +132,12 @@ EVIDENCE_FRUITLESS = "ragtoll.evidence.fruitless_retrievals"  # fruitless retrie
 PROGRESS_PREFIX = "ragtoll.progress."  # the verdict on a retrieval: fruitful, reason, novelty, new_top, ...
 EVIDENCE_PROMPT_TOKENS = "ragtoll.evidence.prompt_tokens"  # prompt tokens that are retrieved evidence
 EVIDENCE_DUPLICATE_TOKENS = "ragtoll.evidence.duplicate_tokens"  # ... already sent in an earlier prompt
+# an LLM answer (text, no tool call) against the chunks its task retrieved (proxy/core/grounding.py)
+EVIDENCE_GROUNDEDNESS = "ragtoll.evidence.groundedness"  # supported claims / claims
+EVIDENCE_CLAIMS = "ragtoll.evidence.claims"
+EVIDENCE_CLAIMS_SUPPORTED = "ragtoll.evidence.claims_supported"
+EVIDENCE_CITATIONS = "ragtoll.evidence.citations"  # chunk ids the answer cites
+EVIDENCE_CITATIONS_RETRIEVED = "ragtoll.evidence.citations_retrieved"  # ... that the task retrieved
 # the context economy (proxy/stages/context.py): what ragtoll rewrote in an LLM request, and what it earned
 CONTEXT_CACHE_KEY = "ragtoll.context.cache_key"  # the prompt_cache_key mode ragtoll set: task | system
 CONTEXT_BREAKPOINTS_ADDED = "ragtoll.context.breakpoints_added"  # cache_control blocks ragtoll added

@@ -160,7 +160,7 @@ class RagtollApp:
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.callers,
                                  self.tracer, on_end=self._record_call, root_sampled=root_sampled(self.tracer_provider),
                                  conversations=conversations)
-        ender.listeners.extend(s.annotate for s in stages if isinstance(s, ContextStage))  # before the span
+        ender.listeners.extend(s.annotate for s in stages if isinstance(s, (ContextStage, EvidenceStage)))  # before the span
         ender.listeners.append(self._task_ended)
         task_stages = [s for s in stages if type(s).on_task_end is not Stage.on_task_end]
         ender.listeners.append(lambda record: _forget(task_stages, str(record.get("task_id"))))

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..model import Chunk
 from . import lexicon as lx
-from .evidence_track import PASSAGE_SPLIT, fingerprint
+from .evidence_track import PASSAGE_SPLIT, chunk_key
 from .verify import canon
 
 MIN_CLAIM_WORDS = 3
@@ -114,6 +116,11 @@ def claims(answer: str) -> list[Claim]:
     return out
 
 
+def chunk_words(chunks: Sequence[Chunk], texts: Sequence[str]) -> list[tuple[str, set[str]]]:
+    """(key, content words) of each retrieved chunk; `texts`: their texts as far as they are read."""
+    return [(chunk_key(c), content_words(t[:MAX_CHUNK_CHARS])) for c, t in zip(chunks, texts, strict=True)]
+
+
 @dataclass(frozen=True, slots=True)
 class Grounding:
     """How one answer stands against its task's evidence."""
@@ -138,15 +145,19 @@ class TaskEvidence:
 
     def add(self, chunk_id: str, text: str) -> int:
         """Index one retrieved chunk (once per id, else per text); returns the postings it added."""
-        key = chunk_id or "fp:" + fingerprint(text)
+        ((key, words),) = chunk_words([Chunk(chunk_id, text)], [text])
+        return self.put(key, words)
+
+    def put(self, key: str, words: set[str]) -> int:
+        """Index one chunk's content words (`chunk_words`) under its key, within the task's bounds."""
         if key in self.keys or len(self.keys) >= MAX_CHUNKS or self.postings >= MAX_POSTINGS:
             return 0
         n = self.keys[key] = len(self.keys)
-        words = list(content_words(text[:MAX_CHUNK_CHARS]))[: MAX_POSTINGS - self.postings]
-        for w in words:
+        kept = list(words)[: MAX_POSTINGS - self.postings]
+        for w in kept:
             self.index.setdefault(w, []).append(n)
-        self.postings += len(words)
-        return len(words)
+        self.postings += len(kept)
+        return len(kept)
 
     def ground(self, answer: str) -> Grounding:
         """Score `answer` against the chunks indexed so far (module docstring)."""

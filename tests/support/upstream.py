@@ -122,7 +122,7 @@ class UpstreamApp:
                 stall = headers.get("x-test-stall") == "1"
                 return await self._stream(receive, send, chat_chunks(model, words, include), delay, stall)
             await asyncio.sleep(delay)
-            return await _json(send, 200, chat_completion(model))
+            return await _json(send, 200, chat_completion(model, headers.get("x-test-answer", "Hello there.")))
         if path.endswith("/embeddings"):
             doc = orjson.loads(body or b"{}")
             inputs = doc.get("input")

@@ -119,15 +119,60 @@ async def test_on_task_end_drops_the_tasks_evidence() -> None:
 
 async def test_evidence_held_across_tasks_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the process-wide bound the least recently used task's evidence goes first; the count
-    follows what is held (and drops when a task ends)."""
+    follows what is held, fingerprints and grounding words (and drops when a task ends)."""
     from ragtoll.proxy.stages import evidence
 
     xs, stage = Exchanges(), EvidenceStage()
-    monkeypatch.setattr(evidence, "MAX_TOTAL_FINGERPRINTS", 5)
     await retrieve(stage, xs, task="a")
+    one = stage._total  # what one task's retrieval holds
+    assert one > len(PASSAGES)  # the passages' fingerprints and the chunks' content words
+    monkeypatch.setattr(evidence, "MAX_TOTAL_FINGERPRINTS", one)
     await retrieve(stage, xs, task="b")
-    assert stage._total <= 5
+    assert stage._total <= one
     assert sc.EVIDENCE_PROMPT_TOKENS not in await ask(stage, xs, PASSAGES[0], task="a")  # a went first
     assert (await ask(stage, xs, PASSAGES[0], task="b"))[sc.EVIDENCE_PROMPT_TOKENS] > 0
     stage.on_task_end("b")
     assert stage._total == 0
+
+
+# --- groundedness ---------------------------------------------------------------------------------
+
+async def reply(stage: EvidenceStage, xs: Exchanges, message: dict[str, Any], task: str = "task-1") -> dict[str, Any]:
+    ex = xs("openai", chat("Can I get a refund on an annual plan?"), task=task)
+    answer(ex, {"choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 50, "completion_tokens": 20}})
+    await stage.on_end(ex)
+    return dict(xs.finished(ex).attributes)
+
+
+async def test_an_answer_is_graded_against_the_tasks_evidence_and_the_record_gets_the_last_one() -> None:
+    xs, stage = Exchanges(), EvidenceStage()
+    await retrieve(stage, xs)
+    attrs = await reply(stage, xs, {"content": "The moon orbits Jupiter every Tuesday afternoon."})
+    assert (attrs[sc.EVIDENCE_GROUNDEDNESS], attrs[sc.EVIDENCE_CLAIMS]) == (0.0, 1)
+    attrs = await reply(stage, xs, {"content": "Annual plans are refundable within 30 days of purchase [c0]. "
+                                               "Monthly plans renew on the first day of the month."})
+    assert attrs[sc.EVIDENCE_GROUNDEDNESS] == 1.0
+    assert (attrs[sc.EVIDENCE_CLAIMS_SUPPORTED], attrs[sc.EVIDENCE_CITATIONS_RETRIEVED]) == (2, 1)
+    await ask(stage, xs, PASSAGES[0], PASSAGES[0])  # a later prompt resends the evidence
+    record: dict[str, Any] = {"task_id": "task-1"}
+    stage.annotate(record)
+    assert record["groundedness"] == 1.0  # the last answer's
+    ev = record["evidence"]
+    assert (ev["claims"], ev["claims_supported"], ev["citations"], ev["chunks_indexed"]) == (2, 2, 1, 3)
+    assert ev["resent_tokens"] > 0 and ev["prompt_tokens"] == 2 * ev["resent_tokens"]  # the second copy resent
+
+
+async def test_a_tool_call_is_a_step_not_an_answer_and_a_task_without_evidence_has_no_grade() -> None:
+    xs, stage = Exchanges(), EvidenceStage()
+    await retrieve(stage, xs)
+    call = {"content": "Refunds on annual plans are allowed within 30 days of purchase.",
+            "tool_calls": [{"id": "t1", "type": "function", "function": {"name": "retrieve", "arguments": "{}"}}]}
+    assert sc.EVIDENCE_GROUNDEDNESS not in await reply(stage, xs, call)
+    record: dict[str, Any] = {"task_id": "task-1"}
+    stage.annotate(record)
+    assert record["groundedness"] is None and record["evidence"]["claims"] is None
+    assert sc.EVIDENCE_CLAIMS not in await reply(stage, xs, {"content": "Refunds take 30 days."}, task="other")
+    untouched: dict[str, Any] = {"task_id": "other"}
+    stage.annotate(untouched)
+    assert untouched == {"task_id": "other"}  # it retrieved nothing: no evidence, no grade

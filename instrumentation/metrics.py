@@ -29,6 +29,7 @@ DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 
 OVERHEAD_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 COST_BUCKETS = (0.0001, 0.0005, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 10.0)
 CALLS_BUCKETS = (1, 2, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233)
+SHARE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 OPERATIONS = frozenset({"chat", "text_completion", "embeddings", "retrieval", "rerank", "other"})
 KINDS = frozenset({"llm", "embeddings", "retrieval", "rerank", "other"})
@@ -124,6 +125,21 @@ class Metrics:
         self.task_calls = meter.create_histogram(
             sc.METRIC_TASK_CALLS, unit="{call}", description="Calls of a task when it ends",
             explicit_bucket_boundaries_advisory=CALLS_BUCKETS)
+        self.task_groundedness = meter.create_histogram(
+            sc.METRIC_TASK_GROUNDEDNESS, unit="1",
+            description="Share of the claims of a task's last answer that the evidence it retrieved backs",
+            explicit_bucket_boundaries_advisory=SHARE_BUCKETS)
+        self.task_input_tokens = meter.create_counter(
+            sc.METRIC_TASK_INPUT_TOKENS, unit="{token}", description="LLM input tokens of ended tasks (upstream usage)")
+        self.task_cached_input_tokens = meter.create_counter(
+            sc.METRIC_TASK_CACHED_INPUT_TOKENS, unit="{token}",
+            description="LLM input tokens of ended tasks that the provider served from its prompt cache")
+        self.task_evidence_tokens = meter.create_counter(
+            sc.METRIC_TASK_EVIDENCE_TOKENS, unit="{token}",
+            description="Prompt tokens of ended tasks that were evidence the task retrieved")
+        self.task_evidence_resent_tokens = meter.create_counter(
+            sc.METRIC_TASK_EVIDENCE_RESENT_TOKENS, unit="{token}",
+            description="Prompt tokens of ended tasks that were evidence an earlier prompt had already sent")
         self.degraded_admissions = meter.create_counter(
             sc.METRIC_BUDGET_DEGRADED_ADMISSIONS, unit="{call}",
             description="Calls admitted while the budget store's answer was unknown, by what bounded them "
@@ -197,12 +213,22 @@ class Metrics:
             sc.CACHE_TIER: _one_of(CACHE_TIERS, tier or "none")}))
 
     def record_task_end(self, *, cost_usd: float, calls: int, profile: str | None = None,
-                        exceeded: bool = False, reason: str = "idle") -> None:
-        """One task ended (explicit end or idle timeout): its total cost and call count."""
+                        exceeded: bool = False, reason: str = "idle", groundedness: float | None = None,
+                        input_tokens: int = 0, cached_input_tokens: int = 0, evidence_tokens: int = 0,
+                        evidence_resent_tokens: int = 0) -> None:
+        """One task ended (explicit end or idle timeout): its total cost and call count, its last
+        answer's groundedness (when graded), its LLM input and evidence tokens (task record)."""
         attrs = self._attributes({sc.PROFILE: self._profiles(profile), sc.BUDGET_EXCEEDED: bool(exceeded),
                                   sc.TASK_END_REASON: _one_of(END_REASONS, reason)})
         self.task_cost.record(max(cost_usd, 0.0), attrs)
         self.task_calls.record(max(calls, 0), attrs)
+        if groundedness is not None:
+            self.task_groundedness.record(min(max(groundedness, 0.0), 1.0), attrs)
+        for counter, n in ((self.task_input_tokens, input_tokens), (self.task_cached_input_tokens, cached_input_tokens),
+                           (self.task_evidence_tokens, evidence_tokens),
+                           (self.task_evidence_resent_tokens, evidence_resent_tokens)):
+            if n > 0:
+                counter.add(n, attrs)
 
     @staticmethod
     def _attributes(raw: Mapping[str, str | bool | None]) -> dict[str, str | bool]:

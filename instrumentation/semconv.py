@@ -44,6 +44,7 @@ TASK_TOTALS = ("steps", "retrieval_calls", "unique_queries", "rerank_calls", "co
 TASK_CLASS = "ragtoll.task.class"
 TASK_ROUTE = "ragtoll.task.route"
 TASK_CORRECT = "ragtoll.task.correct"  # the outcome posted with the end call, when there is one
+TASK_GROUNDEDNESS = "ragtoll.task.groundedness"  # the last answer's groundedness (task record), when graded
 
 
 def task_total(key: str) -> str:
@@ -191,6 +192,14 @@ METRIC_COST = "ragtoll.cost"
 METRIC_OVERHEAD = "ragtoll.proxy.overhead"
 METRIC_TASK_COST = "ragtoll.task.cost"
 METRIC_TASK_CALLS = "ragtoll.task.calls"
+# at each task end, from its record (Prometheus: ragtoll_task_groundedness_bucket/_sum/_count,
+# ragtoll_task_input_tokens_total, ..._cached_input_tokens_total, ..._evidence_tokens_total,
+# ..._evidence_resent_tokens_total)
+METRIC_TASK_GROUNDEDNESS = "ragtoll.task.groundedness"  # the last answer's share of supported claims
+METRIC_TASK_INPUT_TOKENS = "ragtoll.task.input_tokens"  # LLM input tokens as the upstreams reported them
+METRIC_TASK_CACHED_INPUT_TOKENS = "ragtoll.task.cached_input_tokens"  # ... of those, the provider's cache reads
+METRIC_TASK_EVIDENCE_TOKENS = "ragtoll.task.evidence_tokens"  # retrieved evidence in the tasks' prompts
+METRIC_TASK_EVIDENCE_RESENT_TOKENS = "ragtoll.task.evidence_resent_tokens"  # ... already sent before
 # calls admitted while the budget store's answer was unknown (Prometheus:
 # ragtoll_budget_degraded_admissions_total), by BUDGET_DEGRADED_BOUND
 METRIC_BUDGET_DEGRADED_ADMISSIONS = "ragtoll.budget.degraded_admissions"

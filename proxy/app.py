@@ -295,8 +295,14 @@ class RagtollApp:
 
     def _task_ended(self, record: dict[str, Any]) -> None:
         """A task ended: its `ragtoll.task` summary span (in the task's trace) and task metrics."""
+        context, evidence = record.get("context") or {}, record.get("evidence") or {}
         self.metrics.record_task_end(cost_usd=record["cost_usd"], calls=record["calls"], profile=record["profile"],
-                                     exceeded=bool(record["exhausted"]), reason=record["end_reason"])
+                                     exceeded=bool(record["exhausted"]), reason=record["end_reason"],
+                                     groundedness=record.get("groundedness"),
+                                     input_tokens=context.get("input_tokens", 0),
+                                     cached_input_tokens=context.get("cached_input_tokens", 0),
+                                     evidence_tokens=evidence.get("prompt_tokens", 0),
+                                     evidence_resent_tokens=evidence.get("resent_tokens", 0))
         if not record.get("trace_id") or not record.get("started_at"):
             return
         task_id = record["task_id"]
@@ -311,6 +317,8 @@ class RagtollApp:
         correct = (record.get("outcome") or {}).get("correct")
         if isinstance(correct, bool):
             attrs[sc.TASK_CORRECT] = correct
+        if record.get("groundedness") is not None:
+            attrs[sc.TASK_GROUNDEDNESS] = record["groundedness"]
         if record["exhausted"]:
             attrs[sc.BUDGET_EXCEEDED_DIMENSION] = record["exhausted"]
         emit_task_span(

@@ -58,3 +58,10 @@ def test_the_record_and_span_grade_the_tasks_last_answer(proxy: ProxyFactory, up
     assert record["evidence"]["citations_retrieved"] == 0 and record["evidence"]["chunks_indexed"] == 2
     written = [x for x in read_jsonl(str(tmp_path / "records.jsonl")) if x.get("task_id") == "grounded-1"]
     assert written[0]["groundedness"] == 0.0
+    (task_span,) = telemetry.by_name(sc.TASK_SPAN)
+    assert task_span.attributes[sc.TASK_GROUNDEDNESS] == 0.0
+    metrics = {m.name: m.data.data_points for rm in telemetry.reader.get_metrics_data().resource_metrics
+               for sm in rm.scope_metrics for m in sm.metrics}
+    (point,) = metrics[sc.METRIC_TASK_GROUNDEDNESS]
+    assert (point.count, point.sum) == (1, 0.0)
+    assert sum(p.value for p in metrics[sc.METRIC_TASK_INPUT_TOKENS]) == record["context"]["input_tokens"] > 0

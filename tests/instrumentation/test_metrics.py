@@ -189,3 +189,21 @@ def test_every_instrument_arrives_over_otlp_http() -> None:
         sc.METRIC_CACHE_LOOKUPS, sc.METRIC_COST, sc.METRIC_OVERHEAD, sc.METRIC_TASK_COST,
         sc.METRIC_TASK_CALLS,
     }
+
+
+def test_task_end_records_groundedness_cached_input_and_resent_evidence() -> None:
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    m = Metrics(provider, profiles=["tight"])
+    m.record_task_end(cost_usd=0.01, calls=4, profile="tight", reason="explicit", groundedness=0.75,
+                      input_tokens=4000, cached_input_tokens=3000, evidence_tokens=900, evidence_resent_tokens=600)
+    m.record_task_end(cost_usd=0.01, calls=2, profile="tight", reason="explicit", groundedness=None)  # not graded
+    got = points(reader)
+    (grounded,) = got[sc.METRIC_TASK_GROUNDEDNESS]
+    assert (grounded.count, grounded.sum) == (1, 0.75)
+    assert dict(grounded.attributes)[sc.PROFILE] == "tight"
+    totals = {name: sum(p.value for p in got[name]) for name in (
+        sc.METRIC_TASK_INPUT_TOKENS, sc.METRIC_TASK_CACHED_INPUT_TOKENS, sc.METRIC_TASK_EVIDENCE_TOKENS,
+        sc.METRIC_TASK_EVIDENCE_RESENT_TOKENS)}
+    assert list(totals.values()) == [4000, 3000, 900, 600]
+    provider.shutdown()

@@ -66,6 +66,10 @@ def parse_record(raw: Any, where: str) -> dict[str, Any]:
     outcome = rec.get("outcome")
     if outcome is not None and not (isinstance(outcome, dict) and isinstance(outcome.get("correct"), bool)):
         raise ReportError(f"{where}: field 'outcome' must be null or {{\"correct\": true|false}}")
+    grounded = rec.get("groundedness")
+    if grounded is not None and (isinstance(grounded, bool) or not isinstance(grounded, (int, float))
+                                 or not 0 <= grounded <= 1):
+        raise ReportError(f"{where}: field 'groundedness' has value {grounded!r}, expected null or a share 0..1")
     for key in GROUPS:
         rec[key] = str(rec.get(key) or "-")
     return rec
@@ -184,6 +188,11 @@ class Row:
     # tokens, and the characters of chunk text not sent again per task (None: no context numbers)
     cached_input_share: float | None = None
     evidence_chars_saved: float | None = None
+    # the evidence stage's (records' `groundedness` and `evidence`, stages/evidence.py): the mean
+    # groundedness of the graded tasks' last answers, and evidence prompt tokens resent per task
+    groundedness: float | None = None
+    graded: int = 0  # tasks whose last answer was graded
+    evidence_tokens_resent: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -255,6 +264,7 @@ def _row(name: str, recs: list[Mapping[str, Any]]) -> Row:
         latency_p50_ms=percentile(durations, 50),
         latency_p95_ms=percentile(durations, 95),
         **_context(recs),
+        **_evidence(recs),
     )
 
 
@@ -266,6 +276,18 @@ def _context(recs: list[Mapping[str, Any]]) -> dict[str, float | None]:
     inp = sum(int(c.get("input_tokens") or 0) for c in ctx)
     return {"cached_input_share": sum(int(c.get("cached_input_tokens") or 0) for c in ctx) / inp if inp else None,
             "evidence_chars_saved": sum(int(c.get("evidence_chars_saved") or 0) for c in ctx) / len(recs)}
+
+
+def _evidence(recs: list[Mapping[str, Any]]) -> dict[str, float | int | None]:
+    """Mean groundedness over the graded tasks, and evidence tokens resent per task."""
+    graded = [float(r["groundedness"]) for r in recs if r.get("groundedness") is not None]
+    ev = [r["evidence"] for r in recs if isinstance(r.get("evidence"), Mapping)]
+    out: dict[str, float | int | None] = {"graded": len(graded)}
+    if graded:
+        out["groundedness"] = sum(graded) / len(graded)
+    if ev:
+        out["evidence_tokens_resent"] = sum(int(e.get("resent_tokens") or 0) for e in ev) / len(recs)
+    return out
 
 
 _COLUMNS = (
@@ -286,6 +308,8 @@ _COLUMNS = (
     ("latency_p95_ms", "p95 ms", ".0f"),
     ("cached_input_share", "cached input", "%"),
     ("evidence_chars_saved", "evidence chars not resent/task", ".0f"),
+    ("evidence_tokens_resent", "evidence tokens resent/task", ".0f"),
+    ("groundedness", "grounded", "%"),
 )
 
 

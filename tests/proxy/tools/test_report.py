@@ -6,6 +6,7 @@ import csv
 import io
 import pathlib
 import re
+from typing import Any
 
 import orjson
 import pytest
@@ -298,3 +299,30 @@ def test_context_numbers_cached_input_share_and_evidence_not_resent() -> None:
     assert row.evidence_chars_saved == pytest.approx(100)
     assert report.overall([base]).cached_input_share is None
     assert "cached input" in report.format_rows([row]).splitlines()[0]
+
+
+def test_groundedness_over_graded_tasks_and_evidence_tokens_resent_per_task() -> None:
+    """Records of the evidence stage (stages/evidence.py): the mean groundedness of the tasks whose
+    last answer was graded (a task with none is left out, not counted as 0), and the evidence
+    prompt tokens resent per task; cost per correct answer stays beside them."""
+    base = {"steps": 1, "retrieval_calls": 1, "rerank_calls": 0, "context_tokens": 0, "cost_usd": 0.02,
+            "cache_hits": 0, "duration_ms": 10}
+    recs = [{**base, "outcome": {"correct": True}, "groundedness": 1.0, "evidence": {"resent_tokens": 900}},
+            {**base, "outcome": {"correct": False}, "groundedness": 0.5, "evidence": {"resent_tokens": 300}},
+            {**base, "outcome": {"correct": True}, "groundedness": None, "evidence": {"resent_tokens": 0}},
+            {**base, "outcome": None}]
+    row = report.overall([report.parse_record(r | {"task_id": f"t{i}"}, "test") for i, r in enumerate(recs)])
+    assert (row.groundedness, row.graded) == (pytest.approx(0.75), 2)
+    assert row.evidence_tokens_resent == pytest.approx(300)  # 1,200 over 4 tasks
+    assert row.cost_per_correct_usd == pytest.approx(0.03)  # 3 judged tasks' $0.06 / 2 correct
+    header, _, line = report.format_rows([row]).splitlines()
+    assert header.endswith("evidence tokens resent/task  grounded")
+    assert line.split()[-2:] == ["300", "75.0%"]
+    plain = report.overall([{**base, "task_id": "p", "outcome": None}])
+    assert (plain.groundedness, plain.evidence_tokens_resent, plain.graded) == (None, None, 0)
+
+
+@pytest.mark.parametrize("value", [1.5, -0.1, "high", True])
+def test_a_groundedness_that_is_not_a_share_is_refused(value: Any) -> None:
+    with pytest.raises(report.ReportError, match=r"rec\.jsonl:3: field 'groundedness' has value"):
+        report.parse_record({"task_id": "t", "groundedness": value}, "rec.jsonl:3")

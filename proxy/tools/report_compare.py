@@ -113,9 +113,10 @@ def groups_of(runs: Sequence[Run], by: str) -> list[str]:
 
 
 def means(runs: Sequence[Run], by: str, key: str) -> dict[str, dict[str, float]]:
-    """run label -> group -> mean of `key` per task (a Row field: cost_usd, retrieval_calls, ...)."""
+    """run label -> group -> `key` of the group's row (a Row field: cost_usd, retrieval_calls,
+    groundedness, ...); a group whose row has no value for it (None: not recorded) is left out."""
     return {
-        label: {g: float(getattr(row, key)) for g, row in rows.items() if g != "all"}
+        label: {g: float(v) for g, row in rows.items() if g != "all" and (v := getattr(row, key)) is not None}
         for label, rows in rows_by_run(runs, by).items()
     }
 

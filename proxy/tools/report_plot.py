@@ -2,7 +2,9 @@
 
 Draws the values of report_compare.py with matplotlib (the `plot` extra), the only module that
 imports it: offscreen on the Agg canvas, no pyplot state, no display. Panels: cost and retrieval
-calls per task by group, correct answers by group, where budgets bit, the costliest tasks.
+calls per task by group, correct answers by group, where budgets bit, the costliest tasks; when
+the records carry them, the context economy: groundedness, cached-input share and evidence tokens
+resent per task by group.
 """
 
 from __future__ import annotations
@@ -37,6 +39,12 @@ _STYLE = {
 }
 # Okabe-Ito: told apart with any colour vision, and none of them reads as "right" or "wrong"
 RUN_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+# the context economy row: (Row field, title, share drawn in percent)
+ECONOMY = (
+    ("groundedness", "Groundedness of the last answer by {by} (mean of graded tasks)", True),
+    ("cached_input_share", "Cached input by {by} (provider cache reads / LLM input)", True),
+    ("evidence_tokens_resent", "Evidence tokens resent per task by {by} (mean)", False),
+)
 # a value label stays readable where it crosses a limit line or a grid line
 _LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 0.6}
 
@@ -96,8 +104,11 @@ def _draw(runs: Sequence[rc.Run], by: str, profiles: Mapping[str, Mapping[str, f
     heat_h = (1.2 + 0.42 * max(len(dims), 1)) * (len(runs) if stacked and dims else 1)
     # the costliest-tasks row grows so that each bar stays taller than its 7 pt note (~0.13 in)
     middle_h = max(4.2, 0.13 * len(runs) * len(slow) / 0.8 + 1.4)
-    fig = Figure(figsize=(15, 5.2 + middle_h + heat_h), layout="constrained")
-    grid = fig.add_gridspec(3, 2, height_ratios=[4.2, middle_h, heat_h])
+    economy = {key: rc.means(runs, by, key) for key, _, _ in ECONOMY}
+    recorded = any(by_group for by_run in economy.values() for by_group in by_run.values())
+    heights = [4.2, middle_h, heat_h] + ([3.8] if recorded else [])
+    fig = Figure(figsize=(15, 1.0 + sum(heights)), layout="constrained")
+    grid = fig.add_gridspec(len(heights), 2, height_ratios=heights)
     limits = rc.group_limits(runs, by, profiles)
     drawn = {"max_cost_usd", "max_retrieval_calls"}  # the limits the bar panels can show
 
@@ -123,6 +134,8 @@ def _draw(runs: Sequence[rc.Run], by: str, profiles: Mapping[str, Mapping[str, f
     _accuracy(fig.add_subplot(grid[1, 0]), [*groups, "all"], rc.accuracy(runs, by), colours, by)
     _runaways(fig.add_subplot(grid[1, 1]), slow, colours, by)
     _heat(fig, grid[2, :], hits, dims, by)
+    if recorded:
+        _economy(fig, grid[3, :], groups, economy, colours, by)
 
     handles: list[Any] = [Patch(facecolor=c, label=f"run {label}") for label, c in colours.items()]
     if any(drawn & set(lim) for lim in limits.values()):
@@ -184,6 +197,7 @@ def _bars(
     label: Any,
     limits: Mapping[str, float],
     money: bool = False,
+    span_in: float = PANEL_IN,
 ) -> None:
     width, offsets = _offsets(len(values))
     upright = len(values) * len(groups) > 10  # value labels turned upright when bars are narrow
@@ -209,9 +223,26 @@ def _bars(
     ax.set_ylim(0, (peak or 1) * (1.45 if upright else 1.22))  # room for the labels above the tallest bar
     if money:
         _money_axis(ax.yaxis, ax.get_yticks())
-    _xaxis(ax, groups, PANEL_IN)
+    _xaxis(ax, groups, span_in)
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
+
+
+def _economy(fig: Figure, cell: Any, groups: Sequence[str], values: Mapping[str, Mapping[str, Mapping[str, float]]],
+             colours: Mapping[str, str], by: str) -> None:
+    """Groundedness, cached-input share and evidence tokens resent, one panel each (no bar: not recorded)."""
+    cells = cell.subgridspec(1, len(ECONOMY))
+    for i, (key, title, share) in enumerate(ECONOMY):
+        ax = fig.add_subplot(cells[0, i])
+        data = {run: {g: v * 100 if share else v for g, v in by_group.items()} for run, by_group in values[key].items()}
+        _bars(ax, groups, data, colours, title=_wrap(title.format(by=by), 48),
+              label=(lambda v: f"{v:.0f}%") if share else (lambda v: f"{v:,.0f}"), limits={},
+              span_in=PANEL_IN * 2 / len(ECONOMY))
+        if share:
+            ax.set_ylim(0, 125)
+            ax.set_yticks([0, 25, 50, 75, 100], ["0%", "25%", "50%", "75%", "100%"])
+        if not any(data.values()):
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, color="#555")
 
 
 def _accuracy(

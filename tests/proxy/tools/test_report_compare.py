@@ -351,3 +351,38 @@ def test_plot_without_matplotlib_is_one_clear_line(tmp_path: pathlib.Path) -> No
         timeout=60,
     )
     assert proc.returncode == 0 and proc.stdout.startswith("profile")
+
+
+def economy_runs() -> list[report_compare.Run]:
+    """The demo-like runs with the context numbers and groundedness a recent ragtoll records."""
+    shadow, enforced = demo_like_runs()
+    return [
+        report_compare.Run(run.label, [
+            dict(r, groundedness=None if i % 4 == 0 else (0.5 if run.label == "shadow" else 1.0),
+                 context={"input_tokens": 1000, "cached_input_tokens": 400 if run.label == "shadow" else 900},
+                 evidence={"resent_tokens": 5000 if run.label == "shadow" else 200})
+            for i, r in enumerate(run.records)
+        ])
+        for run in (shadow, enforced)
+    ]
+
+
+def test_economy_panels_are_groundedness_cached_input_and_evidence_resent_per_group() -> None:
+    runs = economy_runs()
+    grounded = report_compare.means(runs, "class", "groundedness")
+    assert grounded["shadow"] == {"multi_hop": 0.5, "procedural": 0.5, "simple_fact": 0.5}
+    assert set(grounded["enforced"].values()) == {1.0}
+    cached = report_compare.means(runs, "class", "cached_input_share")
+    assert cached["shadow"]["simple_fact"] == pytest.approx(0.4) and cached["enforced"]["procedural"] == pytest.approx(0.9)
+    assert report_compare.means(runs, "class", "evidence_tokens_resent")["enforced"]["multi_hop"] == 200
+    titles = [ax.get_title() for ax in report_plot.figure(runs, "class").axes]
+    assert any(t.startswith("Groundedness of the last answer") for t in titles)
+    assert any(t.startswith("Evidence tokens resent per task") for t in titles)
+    # records without these numbers: no such row, and no empty panels
+    plain = [ax.get_title() for ax in report_plot.figure(demo_like_runs(), "class").axes]
+    assert not any(t.startswith(("Groundedness", "Cached input", "Evidence tokens")) for t in plain)
+
+
+@pytest.mark.slow
+def test_economy_row_text_never_overlaps() -> None:
+    assert_no_text_collides(report_plot.figure(economy_runs(), "class", profiles={"tight": {"max_cost_usd": 0.03}}))

@@ -214,10 +214,11 @@ class Metrics:
 
     def record_task_end(self, *, cost_usd: float, calls: int, profile: str | None = None,
                         exceeded: bool = False, reason: str = "idle", groundedness: float | None = None,
-                        input_tokens: int = 0, cached_input_tokens: int = 0, evidence_tokens: int = 0,
-                        evidence_resent_tokens: int = 0) -> None:
+                        input_tokens: int | None = None, cached_input_tokens: int | None = None,
+                        evidence_tokens: int | None = None, evidence_resent_tokens: int | None = None) -> None:
         """One task ended (explicit end or idle timeout): its total cost and call count, its last
-        answer's groundedness (when graded), its LLM input and evidence tokens (task record)."""
+        answer's groundedness (when graded), its LLM input and evidence tokens (None: the record has
+        none; 0 is added, so a ratio of two counters reads 0, not "no data")."""
         attrs = self._attributes({sc.PROFILE: self._profiles(profile), sc.BUDGET_EXCEEDED: bool(exceeded),
                                   sc.TASK_END_REASON: _one_of(END_REASONS, reason)})
         self.task_cost.record(max(cost_usd, 0.0), attrs)
@@ -227,7 +228,7 @@ class Metrics:
         for counter, n in ((self.task_input_tokens, input_tokens), (self.task_cached_input_tokens, cached_input_tokens),
                            (self.task_evidence_tokens, evidence_tokens),
                            (self.task_evidence_resent_tokens, evidence_resent_tokens)):
-            if n > 0:
+            if n is not None and n >= 0:
                 counter.add(n, attrs)
 
     @staticmethod

@@ -299,10 +299,10 @@ class RagtollApp:
         self.metrics.record_task_end(cost_usd=record["cost_usd"], calls=record["calls"], profile=record["profile"],
                                      exceeded=bool(record["exhausted"]), reason=record["end_reason"],
                                      groundedness=record.get("groundedness"),
-                                     input_tokens=context.get("input_tokens", 0),
-                                     cached_input_tokens=context.get("cached_input_tokens", 0),
-                                     evidence_tokens=evidence.get("prompt_tokens", 0),
-                                     evidence_resent_tokens=evidence.get("resent_tokens", 0))
+                                     input_tokens=context.get("input_tokens"),
+                                     cached_input_tokens=context.get("cached_input_tokens"),
+                                     evidence_tokens=evidence.get("prompt_tokens"),
+                                     evidence_resent_tokens=evidence.get("resent_tokens"))
         if not record.get("trace_id") or not record.get("started_at"):
             return
         task_id = record["task_id"]

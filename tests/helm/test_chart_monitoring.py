@@ -67,10 +67,9 @@ def ended_tasks(text: str) -> int:
                    if sample.name.startswith("ragtoll_task_cost") and sample.name.endswith("_count")))
 
 
-def _serve_and_scrape(config: dict[str, Any], calls: list[tuple[str, dict[str, Any], str]], tmp: Path,
-                      ended: int = 0) -> str:
-    """Run `ragtoll serve` with `config`, make `calls` (path, JSON body, task id), return /metrics
-    once `ended` tasks have ended (idle tasks end within the sweep interval)."""
+def _serve_and_scrape(config: dict[str, Any], calls: list[tuple[Any, ...]], tmp: Path, ended: int = 0) -> str:
+    """Run `ragtoll serve` with `config`, make `calls` (path, JSON body, task id[, more headers]),
+    return /metrics once `ended` tasks have ended (idle tasks end within the sweep interval)."""
     port = free_port()
     path = tmp / f"ragtoll-{port}.yaml"
     path.write_text(yaml.safe_dump({**config, "server": {"port": port}}))
@@ -90,8 +89,8 @@ def _serve_and_scrape(config: dict[str, Any], calls: list[tuple[str, dict[str, A
                     pass
                 assert time.monotonic() < deadline and proc.poll() is None, "ragtoll serve did not start"
                 time.sleep(0.05)
-            statuses = [http.post(base + p, json=body, headers={"x-ragtoll-task-id": task}).status_code
-                        for p, body, task in calls]
+            statuses = [http.post(base + p, json=body, headers={"x-ragtoll-task-id": task, **extra}).status_code
+                        for p, body, task, *more in calls for extra in (more[0] if more else {},)]
             wait_until(lambda: ended_tasks(http.get(f"{base}/metrics").text) >= ended, timeout=15, interval=0.1)
             text = http.get(f"{base}/metrics").text
     finally:
@@ -120,8 +119,11 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
         search = {"query": "refund policy", "top_k": 3}
         calls = [("/openai/v1/chat/completions", CHAT, "t1"), ("/openai/v1/chat/completions", CHAT, "t1"),
                  ("/docs/search", search, "t2"), ("/docs/search", search, "t2"),
-                 ("/down/v1/chat/completions", CHAT, "t3")]
-        out.add(_serve_and_scrape(working, calls, tmp, ended=3))
+                 ("/down/v1/chat/completions", CHAT, "t3"),
+                 # a search, then an answer its chunk ("chunk 0 about refund policy") backs: graded
+                 ("/docs/search", search, "t6"),
+                 ("/openai/v1/chat/completions", CHAT, "t6", {"x-test-answer": "Chunk 0 covers the refund."})]
+        out.add(_serve_and_scrape(working, calls, tmp, ended=4))
         store_down = {
             "store": f"redis://127.0.0.1:{free_port()}/0", "on_store_error": "closed", "store_timeout_ms": 100,
             "upstreams": [{"name": "openai", "kind": "llm", "api": "openai", "url": up, "prefix": "/openai"}],
@@ -267,6 +269,9 @@ def test_dashboard_shows_what_an_operator_watches() -> None:
         "Added latency (p50, p95, p99)": "rate(ragtoll_proxy_overhead_seconds_bucket",
         "Calls refused: budget store unavailable (per second)": 'error_type="store_unavailable"',
         "Calls admitted without the budget store (per second)": "ragtoll_budget_degraded_admissions_total",
+        "Cached input share": "rate(ragtoll_task_cached_input_tokens_total",
+        "Evidence tokens resent": "rate(ragtoll_task_evidence_resent_tokens_total",
+        "Groundedness of answers": "rate(ragtoll_task_groundedness_sum",
     }
     for title, fragment in wanted.items():
         assert any(fragment in expr for expr in panels[title]), (title, panels[title])

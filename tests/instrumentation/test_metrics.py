@@ -198,6 +198,8 @@ def test_task_end_records_groundedness_cached_input_and_resent_evidence() -> Non
     m.record_task_end(cost_usd=0.01, calls=4, profile="tight", reason="explicit", groundedness=0.75,
                       input_tokens=4000, cached_input_tokens=3000, evidence_tokens=900, evidence_resent_tokens=600)
     m.record_task_end(cost_usd=0.01, calls=2, profile="tight", reason="explicit", groundedness=None)  # not graded
+    # no cache read: 0 is added (a ratio reads 0, not "no data"); a task without the numbers adds nothing
+    m.record_task_end(cost_usd=0.01, calls=1, profile="tight", reason="idle", input_tokens=10, cached_input_tokens=0)
     got = points(reader)
     (grounded,) = got[sc.METRIC_TASK_GROUNDEDNESS]
     assert (grounded.count, grounded.sum) == (1, 0.75)
@@ -205,5 +207,6 @@ def test_task_end_records_groundedness_cached_input_and_resent_evidence() -> Non
     totals = {name: sum(p.value for p in got[name]) for name in (
         sc.METRIC_TASK_INPUT_TOKENS, sc.METRIC_TASK_CACHED_INPUT_TOKENS, sc.METRIC_TASK_EVIDENCE_TOKENS,
         sc.METRIC_TASK_EVIDENCE_RESENT_TOKENS)}
-    assert list(totals.values()) == [4000, 3000, 900, 600]
+    assert list(totals.values()) == [4010, 3000, 900, 600]
+    assert len(got[sc.METRIC_TASK_CACHED_INPUT_TOKENS]) == 2  # explicit and idle: a 0 point for the idle one
     provider.shutdown()

@@ -122,6 +122,9 @@ class TaskScore:
     sdk_retries_enforced: int
     llm_requests_seen: int  # LLM requests ragtoll saw in the enforced run (its call spans)
     note: str = ""
+    # ragtoll's groundedness of the last answer (task records; None: no answer with a claim)
+    grounded_shadow: float | None = None
+    grounded_enforced: float | None = None
 
 
 def score_task(shadow: TaskRun, enforced: TaskRun, gold: Gold) -> TaskScore:
@@ -164,6 +167,7 @@ def score_task(shadow: TaskRun, enforced: TaskRun, gold: Gold) -> TaskScore:
         sum(fs), sum(fe), sum(fs) > RUNAWAY_FRUITLESS, int(e_rec.get("cache_hits", 0)),
         e_rec.get("exhausted"), dict(e_rec.get("rejections") or {}), stop, shadow.sdk_retries, enforced.sdk_retries,
         sum(1 for c in enforced.calls if c.operation == "chat"), note,
+        s_rec.get("groundedness"), e_rec.get("groundedness"),
     )
 
 
@@ -189,6 +193,9 @@ class GroupScore:
     sdk_retries: int  # enforced run
     sdk_retries_shadow: int
     refused: dict[str, int] = field(default_factory=dict)  # limit -> tasks with a call it refused
+    grounded_shadow: float | None = None  # mean over the graded tasks (ragtoll's records)
+    grounded_enforced: float | None = None
+    graded: int = 0  # enforced tasks whose last answer was graded
 
 
 def group(name: str, rows: Sequence[TaskScore]) -> GroupScore:
@@ -211,7 +218,14 @@ def group(name: str, rows: Sequence[TaskScore]) -> GroupScore:
         len(runaways), sum(1 for r in runaways if r.fruitless_enforced <= RUNAWAY_FRUITLESS),
         max((r.fruitless_enforced for r in runaways), default=0),
         sum(r.sdk_retries_enforced for r in rows), sum(r.sdk_retries_shadow for r in rows), refused,
+        _mean([r.grounded_shadow for r in rows]), _mean([r.grounded_enforced for r in rows]),
+        sum(1 for r in rows if r.grounded_enforced is not None),
     )
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    graded = [v for v in values if v is not None]
+    return sum(graded) / len(graded) if graded else None
 
 
 @dataclass
@@ -262,7 +276,8 @@ def _pct(v: float | None) -> str:
 
 def table(c: Comparison) -> str:
     header = ["style", "tasks", "correct: shadow -> enforced", "lost", "cost/task: shadow -> enforced (oracle)",
-              "retrievals/task", "avoidable captured", "runaways stopped", "SDK retries"]
+              "retrievals/task", "avoidable captured", "runaways stopped", "SDK retries",
+              "grounded: shadow -> enforced (graded)"]
     body = []
     for g in [*c.styles, c.overall]:
         body.append([
@@ -272,6 +287,7 @@ def table(c: Comparison) -> str:
             f"{_pct(g.captured_share)} of {_money(g.avoidable / g.tasks)}",
             f"{g.runaways_stopped}/{g.runaways}" if g.runaways else "-",
             str(g.sdk_retries),
+            f"{_pct(g.grounded_shadow)} -> {_pct(g.grounded_enforced)} ({g.graded})",
         ])
     return render_table(header, body)
 

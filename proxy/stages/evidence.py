@@ -99,7 +99,10 @@ class EvidenceStage(Stage):
                 attrs = {sc.EVIDENCE_PROMPT_TOKENS: m.evidence_tokens, sc.EVIDENCE_DUPLICATE_TOKENS: m.duplicate_tokens}
             obs = ex.observation
             if obs.output_text and not obs.tool_calls:  # an answer, not a step: how grounded is it
-                seen.grounding = g = seen.words.ground("".join(obs.output_text))
+                answer = "".join(obs.output_text)
+                # the work grows with the answer and the chunks its words are in: up to ~5 ms at the bounds
+                seen.grounding = g = await off_loop_if_big(len(answer) * len(seen.words.keys) // 16,
+                                                            seen.words.ground, answer)
                 attrs.update({sc.EVIDENCE_CLAIMS: g.claims, sc.EVIDENCE_CLAIMS_SUPPORTED: g.supported,
                               sc.EVIDENCE_CITATIONS: g.citations, sc.EVIDENCE_CITATIONS_RETRIEVED: g.citations_retrieved})
                 if g.share is not None:

@@ -74,6 +74,7 @@ def test_abstentions_and_short_sentences_are_not_claims(evidence: TaskEvidence) 
 def test_content_words_fold_case_plurals_synonyms_and_numbers() -> None:
     assert content_words("The SUBSCRIPTIONS cost $1,200.") == content_words("plan fees 1200")
     assert "the" not in content_words("The plan") and "on" not in content_words("on the plan")
+    assert content_words("a 30-day window.") == content_words("The window: 30 days")
 
 
 def test_each_chunk_is_indexed_once_and_the_task_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

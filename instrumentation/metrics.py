@@ -130,7 +130,8 @@ class Metrics:
             description="Share of the claims of a task's last answer that the evidence it retrieved backs",
             explicit_bucket_boundaries_advisory=SHARE_BUCKETS)
         self.task_input_tokens = meter.create_counter(
-            sc.METRIC_TASK_INPUT_TOKENS, unit="{token}", description="LLM input tokens of ended tasks (upstream usage)")
+            sc.METRIC_TASK_INPUT_TOKENS, unit="{token}",
+            description="LLM input tokens of ended tasks (the upstream's usage, else ragtoll's count)")
         self.task_cached_input_tokens = meter.create_counter(
             sc.METRIC_TASK_CACHED_INPUT_TOKENS, unit="{token}",
             description="LLM input tokens of ended tasks that the provider served from its prompt cache")

@@ -196,7 +196,7 @@ METRIC_TASK_CALLS = "ragtoll.task.calls"
 # ragtoll_task_input_tokens_total, ..._cached_input_tokens_total, ..._evidence_tokens_total,
 # ..._evidence_resent_tokens_total)
 METRIC_TASK_GROUNDEDNESS = "ragtoll.task.groundedness"  # the last answer's share of supported claims
-METRIC_TASK_INPUT_TOKENS = "ragtoll.task.input_tokens"  # LLM input tokens as the upstreams reported them
+METRIC_TASK_INPUT_TOKENS = "ragtoll.task.input_tokens"  # LLM input tokens (the record's context_tokens)
 METRIC_TASK_CACHED_INPUT_TOKENS = "ragtoll.task.cached_input_tokens"  # ... of those, the provider's cache reads
 METRIC_TASK_EVIDENCE_TOKENS = "ragtoll.task.evidence_tokens"  # retrieved evidence in the tasks' prompts
 METRIC_TASK_EVIDENCE_RESENT_TOKENS = "ragtoll.task.evidence_resent_tokens"  # ... already sent before

@@ -295,12 +295,12 @@ class RagtollApp:
 
     def _task_ended(self, record: dict[str, Any]) -> None:
         """A task ended: its `ragtoll.task` summary span (in the task's trace) and task metrics."""
-        context, evidence = record.get("context") or {}, record.get("evidence") or {}
+        evidence = record.get("evidence") or {}
         self.metrics.record_task_end(cost_usd=record["cost_usd"], calls=record["calls"], profile=record["profile"],
                                      exceeded=bool(record["exhausted"]), reason=record["end_reason"],
                                      groundedness=record.get("groundedness"),
-                                     input_tokens=context.get("input_tokens"),
-                                     cached_input_tokens=context.get("cached_input_tokens"),
+                                     input_tokens=record["context_tokens"],  # the ledger's: every replica's calls
+                                     cached_input_tokens=record["cached_input_tokens"],
                                      evidence_tokens=evidence.get("prompt_tokens"),
                                      evidence_resent_tokens=evidence.get("resent_tokens"))
         if not record.get("trace_id") or not record.get("started_at"):

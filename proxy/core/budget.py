@@ -130,6 +130,10 @@ class Actual:
     # climbs to `escalate_to` only when its last retrieval was
     evidence: bool = False
     finished: bool = False  # on_exhausted: finish rewrote the call to answer now (counted in the ledger)
+    # of `context_tokens` (an LLM call's input as the upstream reported it), what the provider's
+    # prompt cache served and what it wrote: kept in the ledger, so a record is whole across replicas
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, new_query: bool,

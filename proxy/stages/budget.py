@@ -569,8 +569,11 @@ class BudgetStage(Stage):
         if adm.charge.completion_reserve == 0:
             context, completion = 0, 0  # not an LLM call: its tokens are not the task's context
         chunk_ids = tuple(ch.id for ch in obs.chunks or ()) if retrieved else None
+        cached, writes = ((u.cached_input_tokens or 0, u.cache_write_tokens or 0)
+                          if u and adm.charge.completion_reserve else (0, 0))
         return Actual(context, completion, cost, chunk_ids, verdict.fruitful if verdict else None,
-                      evidence=verdict.evidence if verdict else False, finished=adm.finished is not None), verdict
+                      evidence=verdict.evidence if verdict else False, finished=adm.finished is not None,
+                      cached_input_tokens=cached, cache_write_tokens=writes), verdict
 
     def _cost(self, ex: Exchange, reserved: int) -> int:
         """The tokens used, at the model's price or else at `pricing.default` (an estimate); the

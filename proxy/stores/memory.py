@@ -154,7 +154,9 @@ class MemoryStore:
         for name, delta in (("context_tokens", actual.context_tokens - reservation.context_tokens),
                             ("completion_tokens", actual.completion_tokens - reservation.completion_tokens),
                             ("cost_nusd", actual.cost_nusd - reservation.cost_nusd),
-                            ("finished", 1 if actual.finished else 0)):
+                            ("finished", 1 if actual.finished else 0),
+                            ("cached_input_tokens", actual.cached_input_tokens),
+                            ("cache_write_tokens", actual.cache_write_tokens)):
             if delta:
                 c[name] = c.get(name, 0) + delta
         if actual.chunk_ids is not None:

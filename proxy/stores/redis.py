@@ -196,7 +196,8 @@ class RedisStore:
             now_ms, self.ttl_s, actual.context_tokens - reservation.context_tokens,
             actual.completion_tokens - reservation.completion_tokens, actual.cost_nusd - reservation.cost_nusd,
             _chunks_arg(actual), reservation.id, actual.context_tokens, actual.completion_tokens,
-            actual.cost_nusd, 1 if actual.finished else 0, *(actual.chunk_ids or ()),
+            actual.cost_nusd, 1 if actual.finished else 0, actual.cached_input_tokens, actual.cache_write_tokens,
+            *(actual.chunk_ids or ()),
         ]
         out = await self._run(self._settle, (h, c, q, holds_key(task_id)), args)
         if not out:

@@ -70,6 +70,9 @@ def task_record(ledger: Ledger, *, ended_ms: int, end_reason: str, outcome: Mapp
         # LLM calls ragtoll rewrote to answer now (on_exhausted: finish): >0 = finished by ragtoll
         "finished_by_ragtoll": c.get("finished", 0),
         "escalated": bool(c.get("escalated", 0)),  # moved to its profile's escalate_to (the profile above)
+        # of context_tokens, what the providers' prompt caches served and wrote (every replica's calls)
+        "cached_input_tokens": c.get("cached_input_tokens", 0),
+        "cache_write_tokens": c.get("cache_write_tokens", 0),
     }
 
 

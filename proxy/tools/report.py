@@ -269,13 +269,20 @@ def _row(name: str, recs: list[Mapping[str, Any]]) -> Row:
 
 
 def _context(recs: list[Mapping[str, Any]]) -> dict[str, float | None]:
-    """Cached-input share over the tasks' LLM input, and evidence characters not resent per task."""
+    """Cached-input share over the tasks' LLM input, and evidence characters not resent per task.
+    The share is the ledger's (`cached_input_tokens` of `context_tokens`: every replica's calls)
+    where the record has it, else its `context` object's (the replica's own calls)."""
     ctx = [r["context"] for r in recs if isinstance(r.get("context"), Mapping)]
-    if not ctx:
-        return {}
-    inp = sum(int(c.get("input_tokens") or 0) for c in ctx)
-    return {"cached_input_share": sum(int(c.get("cached_input_tokens") or 0) for c in ctx) / inp if inp else None,
-            "evidence_chars_saved": sum(int(c.get("evidence_chars_saved") or 0) for c in ctx) / len(recs)}
+    pairs = [(int(r["cached_input_tokens"] or 0), int(r["context_tokens"] or 0)) if "cached_input_tokens" in r
+             else (int(r["context"].get("cached_input_tokens") or 0), int(r["context"].get("input_tokens") or 0))
+             for r in recs if "cached_input_tokens" in r or isinstance(r.get("context"), Mapping)]
+    out: dict[str, float | None] = {}
+    if pairs:
+        inp = sum(n for _, n in pairs)
+        out["cached_input_share"] = sum(c for c, _ in pairs) / inp if inp else None
+    if ctx:
+        out["evidence_chars_saved"] = sum(int(c.get("evidence_chars_saved") or 0) for c in ctx) / len(recs)
+    return out
 
 
 def _evidence(recs: list[Mapping[str, Any]]) -> dict[str, float | int | None]:

@@ -64,4 +64,6 @@ def test_the_record_and_span_grade_the_tasks_last_answer(proxy: ProxyFactory, up
                for sm in rm.scope_metrics for m in sm.metrics}
     (point,) = metrics[sc.METRIC_TASK_GROUNDEDNESS]
     assert (point.count, point.sum) == (1, 0.0)
-    assert sum(p.value for p in metrics[sc.METRIC_TASK_INPUT_TOKENS]) == record["context"]["input_tokens"] > 0
+    # the ledger's input (the streamed call reported no usage: ragtoll's own count) and cache reads
+    assert sum(p.value for p in metrics[sc.METRIC_TASK_INPUT_TOKENS]) == record["context_tokens"] > 0
+    assert sum(p.value for p in metrics[sc.METRIC_TASK_CACHED_INPUT_TOKENS]) == record["cached_input_tokens"] == 0

@@ -36,13 +36,13 @@ class UpstreamState:
 
 
 def chat_completion(model: str, content: str = "Hello there.", prompt_tokens: int = 12,
-                    completion_tokens: int = 3) -> dict[str, Any]:
+                    completion_tokens: int = 3, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "id": "chatcmpl-test", "object": "chat.completion", "created": 1700000000, "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens,
-                  "prompt_tokens_details": {"cached_tokens": 0},
+                  "prompt_tokens_details": {"cached_tokens": cached_tokens},
                   "completion_tokens_details": {"reasoning_tokens": 0}},
     }
 
@@ -122,7 +122,8 @@ class UpstreamApp:
                 stall = headers.get("x-test-stall") == "1"
                 return await self._stream(receive, send, chat_chunks(model, words, include), delay, stall)
             await asyncio.sleep(delay)
-            return await _json(send, 200, chat_completion(model, headers.get("x-test-answer", "Hello there.")))
+            return await _json(send, 200, chat_completion(model, headers.get("x-test-answer", "Hello there."),
+                                                          cached_tokens=int(headers.get("x-test-cached", "0"))))
         if path.endswith("/embeddings"):
             doc = orjson.loads(body or b"{}")
             inputs = doc.get("input")

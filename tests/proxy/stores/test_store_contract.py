@@ -96,6 +96,25 @@ async def test_settle_replaces_the_reservation_with_actual_use(store: Store) -> 
     assert after.last_ms == T0 + 5 and after.used("inflight") == 0
 
 
+async def test_cache_reads_and_writes_add_up_in_the_ledger_once_per_call(store: Store) -> None:
+    """What the provider's prompt cache served and wrote, per call, kept with the task (so every
+    replica's calls count and the record is whole); a settle retried after a lost reply adds nothing,
+    and a chunk id list still lands after the two counts (settle.lua's arguments)."""
+    t = tid()
+    first = await store.reserve(t, META, {}, LLM, T0)
+    second = await store.reserve(t, META, {}, LLM, T0 + 1)
+    actual = Actual(context_tokens=2000, completion_tokens=10, cost_nusd=900, cached_input_tokens=1536,
+                    cache_write_tokens=300)
+    await store.settle(t, first.reservation, actual, T0 + 2)
+    await store.settle(t, first.reservation, actual, T0 + 3)  # the retry
+    await store.settle(t, second.reservation, Actual(context_tokens=2100, cached_input_tokens=1792), T0 + 4)
+    search = await store.reserve(t, META, {}, Charge(retrieval_calls=1, query_key="q"), T0 + 5)
+    after = await store.settle(t, search.reservation, Actual(chunk_ids=("c1", "c2")), T0 + 6)
+    assert after is not None and after.chunks_seen == 2
+    assert (after.used("context_tokens"), after.used("cached_input_tokens"), after.used("cache_write_tokens")) == (
+        4100, 3328, 300)
+
+
 async def test_held_counters_follow_what_reservations_in_flight_hold(store: Store) -> None:
     # x-ragtoll-budget-remaining shows settled use: the totals minus what reservations in flight
     # hold (budget.settled). Reserve and extend add to the held part; settle and cancel take it away.

@@ -326,3 +326,15 @@ def test_groundedness_over_graded_tasks_and_evidence_tokens_resent_per_task() ->
 def test_a_groundedness_that_is_not_a_share_is_refused(value: Any) -> None:
     with pytest.raises(report.ReportError, match=r"rec\.jsonl:3: field 'groundedness' has value"):
         report.parse_record({"task_id": "t", "groundedness": value}, "rec.jsonl:3")
+
+
+def test_cached_input_share_prefers_the_ledgers_numbers_every_replica_counted() -> None:
+    """A record with the ledger's `cached_input_tokens` (of its `context_tokens`) is read by them; an
+    older record, with only its replica's `context` object, by that."""
+    base = {"steps": 1, "retrieval_calls": 0, "rerank_calls": 0, "cost_usd": 0.0, "cache_hits": 0,
+            "duration_ms": 10, "outcome": None}
+    whole = {**base, "context_tokens": 3000, "cached_input_tokens": 2400,
+             "context": {"input_tokens": 1000, "cached_input_tokens": 100}}
+    older = {**base, "context_tokens": 1000, "context": {"input_tokens": 1000, "cached_input_tokens": 600}}
+    assert report.overall([whole]).cached_input_share == pytest.approx(0.8)
+    assert report.overall([whole, older]).cached_input_share == pytest.approx(3000 / 4000)

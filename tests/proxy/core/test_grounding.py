@@ -96,3 +96,12 @@ def test_an_answer_is_read_within_its_bounds(evidence: TaskEvidence) -> None:
     g = evidence.ground(claim * 1000)
     assert g.claims == grounding.MAX_CLAIMS and g.supported == grounding.MAX_CLAIMS
     assert len(claims("x " * grounding.MAX_ANSWER_CHARS + claim)) == 0  # past the cap: unread
+
+
+def test_a_hostile_answer_stays_within_its_bounds(evidence: TaskEvidence) -> None:
+    """Worst cases an answer can bring: thousands of citations, one endless sentence, nested brackets."""
+    cited = claims("Annual plans are refundable within 30 days " + "[doc-1]" * 5000 + ".")
+    assert len(cited) == 1 and len(cited[0].cited) == grounding.MAX_CITATIONS
+    assert len(claims("alpha beta gamma " * 100_000)) == 1  # one sentence, read up to MAX_ANSWER_CHARS
+    g = evidence.ground("[[[[" * 2000 + "Annual plans are refundable within 30 days of purchase." + "]]]]" * 2000)
+    assert g.claims <= grounding.MAX_CLAIMS

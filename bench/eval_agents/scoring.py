@@ -275,19 +275,19 @@ def _pct(v: float | None) -> str:
 
 
 def table(c: Comparison) -> str:
-    header = ["style", "tasks", "correct: shadow -> enforced", "lost", "cost/task: shadow -> enforced (oracle)",
-              "retrievals/task", "avoidable captured", "runaways stopped", "SDK retries",
-              "grounded: shadow -> enforced (graded)"]
+    header = ["style", "tasks", "correct: shadow -> enforced", "grounded: shadow -> enforced (graded)", "lost",
+              "cost/task: shadow -> enforced (oracle)", "retrievals/task", "avoidable captured", "runaways stopped",
+              "SDK retries"]
     body = []
     for g in [*c.styles, c.overall]:
         body.append([
-            g.group, str(g.tasks), f"{g.correct_shadow} -> {g.correct_enforced}", str(len(g.lost)),
+            g.group, str(g.tasks), f"{g.correct_shadow} -> {g.correct_enforced}",
+            f"{_pct(g.grounded_shadow)} -> {_pct(g.grounded_enforced)} ({g.graded})", str(len(g.lost)),
             f"{_money(g.cost_shadow)} -> {_money(g.cost_enforced)} ({_money(g.oracle_cost)})",
             f"{g.retrievals_shadow:.1f} -> {g.retrievals_enforced:.1f}",
             f"{_pct(g.captured_share)} of {_money(g.avoidable / g.tasks)}",
             f"{g.runaways_stopped}/{g.runaways}" if g.runaways else "-",
             str(g.sdk_retries),
-            f"{_pct(g.grounded_shadow)} -> {_pct(g.grounded_enforced)} ({g.graded})",
         ])
     return render_table(header, body)
 

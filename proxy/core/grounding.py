@@ -9,8 +9,8 @@ Definition (docs/context.md, "Report and dashboard"):
   ABSTAIN_PATTERNS) is not a claim, and a sentence of citations alone belongs to the claim before it.
 * A **citation** is a bracketed chunk id (`[doc-12]`, `[kb:7, kb:9]`): an id-like token with a
   letter in it; `[1]` is a position in a prompt ragtoll never sees, so it is not one.
-* A claim is **supported** when one chunk the task retrieved holds at least SUPPORT_SHARE (0.7) of its
-  content words and every number in it, and every id it cites is a chunk the task retrieved.
+* A claim is **supported** when one chunk the task retrieved holds at least SUPPORT_SHARE (0.7) of
+  its content words and every number in it, and every id it cites is a chunk the task retrieved.
   A claim that cites retrieved chunks must be supported by one of them; one that cites a chunk the
   task never retrieved is not supported, whatever its words.
 * **Groundedness** = supported claims / claims; None when the answer makes no claim.
@@ -49,11 +49,11 @@ _BRACKETS = re.compile(r"\[([^\[\]\n]{1,400})\]")
 _ID = re.compile(r"^[\w.:/#@-]{1,128}$")
 _LETTER = re.compile(r"[^\W\d_]")
 _CITED_PREFIX = re.compile(r"^(?:sources?|chunks?|docs?|refs?|see)\s*[:#]?\s+", re.IGNORECASE)
-# sentences that report the answer was not found: not claims about the world
 # prepositions the verifier keeps (they change a query's meaning) but that carry no claim of their own
 _LINKS = frozenset(["in", "into", "on", "onto", "off", "out", "up", "down", "over", "under", "to", "from", "than",
                     "within", "per"])
 _SKIP = lx.STOPWORDS | _LINKS
+# sentences that report the answer was not found: not claims about the world
 ABSTAIN_PATTERNS = re.compile(
     r"\b(?:could ?n[o']t|can ?n[o']t|can't|did ?n[o']t|unable to|was unable to|failed to) (?:find|locate|determine)\b"
     r"|\bno (?:relevant |supported )?(?:information|answer|mention)\b|\b(?:do ?n[o']t|does ?n[o']t) know\b"
@@ -117,8 +117,10 @@ def claims(answer: str) -> list[Claim]:
 
 
 def chunk_words(chunks: Sequence[Chunk], texts: Sequence[str]) -> list[tuple[str, set[str]]]:
-    """(key, content words) of each retrieved chunk; `texts`: their texts as far as they are read."""
-    return [(chunk_key(c), content_words(t[:MAX_CHUNK_CHARS])) for c, t in zip(chunks, texts, strict=True)]
+    """(key, content words) of each retrieved chunk; `texts`: their texts as far as they are read
+    (a chunk without an id is keyed by that much of its text: a 7 MB one costs what 16 KB does)."""
+    read = [t[:MAX_CHUNK_CHARS] for t in texts]
+    return [(chunk_key(Chunk(c.id, t)), content_words(t)) for c, t in zip(chunks, read, strict=True)]
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,3 +105,13 @@ def test_a_hostile_answer_stays_within_its_bounds(evidence: TaskEvidence) -> Non
     assert len(claims("alpha beta gamma " * 100_000)) == 1  # one sentence, read up to MAX_ANSWER_CHARS
     g = evidence.ground("[[[[" * 2000 + "Annual plans are refundable within 30 days of purchase." + "]]]]" * 2000)
     assert g.claims <= grounding.MAX_CLAIMS
+
+
+def test_a_huge_chunk_is_read_and_keyed_by_its_first_part_only() -> None:
+    from ragtoll.proxy.core.evidence_track import fingerprint
+    from ragtoll.proxy.model import Chunk
+
+    text = REFUNDS + " filler" * 300_000  # ~2 MB, no id
+    ((key, words),) = grounding.chunk_words([Chunk("", text)], [text])
+    assert key == "fp:" + fingerprint(text[: grounding.MAX_CHUNK_CHARS])
+    assert "refund" in words and len(words) < 30

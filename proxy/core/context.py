@@ -443,3 +443,20 @@ def add_openai_breakpoints(doc: dict[str, Any], *, min_tokens: int = 1024) -> tu
         return 0, client
     items[end - 1] = {**items[end - 1], "content": marked}
     return 1, client
+
+
+def mark_conversation_end(doc: dict[str, Any]) -> int:
+    """Before the budget note goes on a model with explicit breakpoints: a breakpoint on the
+    client's last message (user or tool; an assistant message cannot take one), so the
+    conversation is cached where it ends without the note and not only with the note, which is
+    never sent again. 1 when marked."""
+    key, part_type = ("messages", "text") if isinstance(doc.get("messages"), list) else ("input", "input_text")
+    items = doc.get(key)
+    last = items[-1] if isinstance(items, list) and items else None
+    if not isinstance(last, dict) or last.get("role") not in ("user", "tool"):
+        return 0
+    marked = _parts_with_breakpoint(last.get("content"), part_type)
+    if marked is None:
+        return 0
+    items[-1] = {**last, "content": marked}
+    return 1

@@ -172,8 +172,11 @@ class ContextStage(Stage):
             if marks:
                 rewrite.breakpoints_added, rewrite.breakpoints_client = context.add_breakpoints(doc, ex.call.model)
         # last, after every breakpoint: the note is never part of a prefix the client sends again
-        if note is not None and context.append_note(doc, api, note):
-            rewrite.note_chars = len(note)
+        if note is not None:
+            if api == "openai" and marks and not rewrite.breakpoints_client:
+                rewrite.breakpoints_added += context.mark_conversation_end(doc)
+            if context.append_note(doc, api, note):
+                rewrite.note_chars = len(note)
         if rewrite.changed:
             ex.body = orjson.dumps(doc)
         return rewrite

@@ -112,3 +112,29 @@ def test_the_budget_note_is_the_prompts_last_part(proxy: ProxyFactory, upstream:
     assert "3 model calls, 2 searches" in sent[2][-1]["content"]
     span = _spans(telemetry, sc.CONTEXT_BUDGET_NOTE, 2)[-1]
     assert span.attributes[sc.CONTEXT_BUDGET_NOTE] == len(sent[2][-1]["content"])
+
+
+def test_openai_breakpoints_on_models_that_take_them(proxy: ProxyFactory, upstream: Upstream,
+                                                     telemetry: Telemetry) -> None:
+    """gpt-5.6 gets a prompt_cache_breakpoint at the end of its long system prompt, and with the
+    budget note, one at the end of the client's messages (before the note); gpt-4o-mini gets none."""
+    upstream.app.state.requests.clear()
+    system = "You answer questions about Northwind Cloud from its documents. " * 80
+    messages: list[Any] = [{"role": "system", "content": system}, {"role": "user", "content": "Refunds?"}]
+    budgets = {"default_profile": "p", "profiles": {"p": {"max_steps": 5}}}
+    with proxy(upstreams=_ups(upstream), context={"budget_note": True}, budgets=budgets) as base, \
+            openai.OpenAI(base_url=f"{base}/openai/v1", api_key="sk-test", max_retries=0) as client:
+        for model in ("gpt-5.6", "gpt-5.6", "gpt-4o-mini"):
+            client.chat.completions.create(model=model, messages=messages,
+                                           extra_headers={"x-ragtoll-task-id": "bp-1"})
+    first, second, old = (orjson.loads(r["body"])["messages"] for r in upstream.app.state.requests
+                          if r["path"].endswith("/chat/completions"))
+    mark = {"mode": "explicit"}
+    assert first == [{"role": "system", "content": [{"type": "text", "text": system, "prompt_cache_breakpoint": mark}]},
+                     messages[1]]
+    assert second[:2] == [first[0], {"role": "user", "content": [{"type": "text", "text": "Refunds?",
+                                                                  "prompt_cache_breakpoint": mark}]}]
+    assert second[2]["role"] == "user" and "model calls" in second[2]["content"]
+    assert old[:2] == messages and "model calls" in old[2]["content"]
+    spans = _spans(telemetry, sc.CONTEXT_BREAKPOINTS_ADDED, 2)
+    assert [s.attributes[sc.CONTEXT_BREAKPOINTS_ADDED] for s in spans][:2] == [1, 2]

@@ -119,10 +119,49 @@ def test_openai_breakpoint_never_moves_the_clients_nor_marks_a_short_prefix() ->
     assert context.add_openai_breakpoints(image) == (0, 0)  # a part that is not text takes none from ragtoll
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=50, deadline=None)
 @given(conversations())
 def test_openai_breakpoints_stay_within_the_limit(messages: list[dict[str, Any]]) -> None:
     sent = _sent(messages, True)
     marks = sum(1 for m in sent if isinstance(m.get("content"), list) for p in m["content"]
                 if "prompt_cache_breakpoint" in p)
     assert marks <= 1 < context.OPENAI_MAX_BREAKPOINTS  # + the provider's implicit one: within 4
+
+
+def _unmarked(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages as the model reads them: breakpoint markers off, one text part as its text."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            content = [{k: v for k, v in p.items() if k != "prompt_cache_breakpoint"} for p in content]
+            if len(content) == 1 and content[0].get("type") == "text":
+                content = content[0]["text"]
+        out.append({**m, "content": content})
+    return out
+
+
+@settings(max_examples=50, deadline=None)
+@given(conversations())
+def test_with_explicit_breakpoints_the_note_follows_a_marked_conversation_end(messages: list[dict[str, Any]]) -> None:
+    """On a model with explicit breakpoints the conversation's end is marked before the note, so
+    the cache is written where the client's messages end; as with Anthropic's, the marker moves
+    with the conversation and the content the model reads stays the same. Within OpenAI's 4 with
+    the implicit breakpoint: the system prefix, the conversation end, the implicit one."""
+    for n in range(1, len(messages) + 1):
+        doc = {"model": "gpt-5.6", "messages": copy.deepcopy(messages[:n])}
+        added, _ = context.add_openai_breakpoints(doc, min_tokens=64)
+        added += context.mark_conversation_end(doc)
+        assert NOTE is not None and context.append_note(doc, "openai", NOTE)
+        sent = doc["messages"]
+        marks = sum(1 for m in sent if isinstance(m.get("content"), list) for p in m["content"]
+                    if "prompt_cache_breakpoint" in p)
+        assert marks == added <= 2 and marks + 1 <= context.OPENAI_MAX_BREAKPOINTS
+        if messages[n - 1]["role"] == "tool":
+            assert "prompt_cache_breakpoint" in sent[-2]["content"][-1]
+        assert _unmarked(sent[:-1]) == _unmarked(messages[:n])
+
+
+def test_an_assistant_message_takes_no_breakpoint() -> None:
+    doc: dict[str, Any] = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    assert context.mark_conversation_end(doc) == 0 and doc["messages"][-1] == {"role": "assistant", "content": "a"}

@@ -729,6 +729,10 @@ class ContextRoute:
         if self.widen_top_k is not None and not 1 <= self.widen_top_k <= MAX_WIDEN_TOP_K:
             _bad(f"{where}.widen_top_k", self.widen_top_k,
                  f"an integer in 1..{MAX_WIDEN_TOP_K} (the top_k a widened search asks for)")
+        for i, prefix in enumerate(self.breakpoint_models or ()):
+            if not prefix.strip():
+                _bad(f"{where}.breakpoint_models[{i}]", prefix, "a model name prefix such as gpt-5.6 (an empty one "
+                     "would match every model)")
         if self.min_chunk_chars is not None and self.min_chunk_chars < MIN_CHUNK_CHARS:
             _bad(f"{where}.min_chunk_chars", self.min_chunk_chars,
                  f"at least {MIN_CHUNK_CHARS} characters (a shorter text is too common to stand for a chunk)")
@@ -751,7 +755,10 @@ class ContextConfig:
     prompt, `off` none; `auto` is `task` on api.openai.com (chosen by bench/eval_agents/context_eval.py)
     and `off` elsewhere (an OpenAI-compatible server may refuse a field it does not know). `breakpoints` (Anthropic
     routes): cache_control where the stable prefix ends. `evidence_once`: a chunk a new tool result
-    repeats from earlier in the conversation becomes a reference. `routes` overrides by route name."""
+    repeats from earlier in the conversation becomes a reference. `widen` (off): a task's weak first
+    pass widens its next search. `budget_note` (off): the prompt ends with what the task has left.
+    `breakpoint_models`: OpenAI models that take `prompt_cache_breakpoint`. `routes` overrides by
+    route name (docs/context.md)."""
 
     enabled: bool = True
     prompt_cache_key: Literal["auto", "off", "task", "system"] = "auto"
@@ -790,7 +797,8 @@ class ContextConfig:
             _bad(f"{where}.min_chunk_chars", self.min_chunk_chars,
                  f"at least {MIN_CHUNK_CHARS} characters (default 200)")
         ContextRoute(depth_gap=self.depth_gap, depth_floor=self.depth_floor, widen_floor=self.widen_floor,
-                     widen_margin=self.widen_margin, widen_top_k=self.widen_top_k).validate(where)
+                     widen_margin=self.widen_margin, widen_top_k=self.widen_top_k,
+                     breakpoint_models=self.breakpoint_models).validate(where)
         for name, route in self.routes.items():
             route.validate(f"{where}.routes.{name}")
 

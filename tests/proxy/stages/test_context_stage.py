@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from ragtoll.proxy import config
 from ragtoll.proxy.stages.context import ContextStage
@@ -33,8 +35,10 @@ def test_widening_and_the_note_are_off_by_default_and_per_route() -> None:
 @pytest.mark.parametrize(("context", "field"), [
     ({"widen_top_k": 0}, "context.widen_top_k"), ({"widen_top_k": 500}, "context.widen_top_k"),
     ({"widen_margin": 2}, "context.widen_margin"), ({"widen_floor": -1}, "context.widen_floor"),
-    ({"routes": {"vllm": {"widen_top_k": 51}}}, "context.routes.vllm.widen_top_k")])
-def test_a_bad_widening_setting_names_its_field(context: dict[str, object], field: str) -> None:
-    """A widened search's worst case is bounded by config: top_k at most 50, shares in [0, 1]."""
-    with pytest.raises(config.ConfigError, match=field.replace(".", r"\.")):
+    ({"routes": {"vllm": {"widen_top_k": 51}}}, "context.routes.vllm.widen_top_k"),
+    ({"breakpoint_models": ["gpt-5.6", " "]}, "context.breakpoint_models[1]")])
+def test_a_bad_setting_names_its_field(context: dict[str, object], field: str) -> None:
+    """A widened search's worst case is bounded by config (top_k at most 50, shares in [0, 1]), and
+    an empty model prefix, which would put breakpoints on every model, is refused."""
+    with pytest.raises(config.ConfigError, match=re.escape(field)):
         _stage(context)

@@ -1,10 +1,13 @@
 """Context stage: make an LLM call's prompt cheaper without taking anything from the model
 (proxy/core/context.py does the rewriting; this stage applies the route's `context:` policy).
 
-On an OpenAI-style route it sets a stable `prompt_cache_key` when the client set none; on an
+On an OpenAI-style route it sets a stable `prompt_cache_key` when the client set none (and, on
+models that take it, a `prompt_cache_breakpoint` at the end of the system prefix); on an
 Anthropic route it adds `cache_control` breakpoints where the stable prefix ends; on both, a chunk
 a tool result repeats from earlier in the same conversation is sent as a reference to that
-earlier copy. It runs before the budget, which then charges the prompt as it will be sent.
+earlier copy, and (opt-in) the prompt ends with a note of what the task has left. On retrieval
+routes it cuts results (adaptive depth) and, opt-in, widens a task's search after a weak first
+pass. It runs before the budget, which then charges the call as it will be sent.
 
 Per task (process-local, like the evidence stage's landfill count; dropped when the task ends)
 it adds up the upstream's input usage, so the task record says what share of the input the

@@ -6,12 +6,15 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import orjson
 import pytest
 from conftest import ProxyFactory, Telemetry, Upstream
 from ragtoll.instrumentation import semconv as sc
+from support.fake_backends import FakeBackends
+from support.servers import serve_in_thread
 
 DOCS = [{"name": "docs", "kind": "retrieval", "api": "json", "url": "", "prefix": "/docs",
          "fields": {"acl": "metadata.groups"}}]
@@ -138,3 +141,25 @@ def test_openai_breakpoints_on_models_that_take_them(proxy: ProxyFactory, upstre
     assert old[:2] == messages and "model calls" in old[2]["content"]
     spans = _spans(telemetry, sc.CONTEXT_BREAKPOINTS_ADDED, 2)
     assert [s.attributes[sc.CONTEXT_BREAKPOINTS_ADDED] for s in spans][:2] == [1, 2]
+
+
+def test_the_anthropic_note_ends_the_last_user_turn_after_its_breakpoint(proxy: ProxyFactory) -> None:
+    """Claude: the note is a text block ending the last user turn, after the breakpoint ragtoll put
+    on that turn's last block of the client's, so the cached prefix is the client's alone."""
+    app = FakeBackends()
+    system = "You answer questions about Northwind Cloud from its documents. " * 80
+    ups = [{"name": "claude", "kind": "llm", "api": "anthropic", "url": "", "prefix": "/anthropic"}]
+    budgets = {"default_profile": "p", "profiles": {"p": {"max_steps": 5, "max_cost_usd": 1}}}
+    turn = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "30 days."}]}]
+    with serve_in_thread(app) as url, \
+            proxy(upstreams=[{**ups[0], "url": url}], context={"budget_note": True}, budgets=budgets) as base, \
+            anthropic.Anthropic(base_url=f"{base}/anthropic", api_key="sk-ant-test", max_retries=0) as client:
+        for _ in range(2):
+            client.messages.create(model="claude-sonnet-4-5", max_tokens=50, system=system, messages=[
+                {"role": "user", "content": "Refunds?"},
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "retrieve", "input": {}}]},
+                *turn], extra_headers={"x-ragtoll-task-id": "note-a"})
+    first, second = (orjson.loads(r["body"])["messages"][-1]["content"] for r in app.requests[-2:])
+    assert len(first) == 1 and "cache_control" in first[0]  # nothing known before the first call
+    assert second[0] == first[0] and second[1]["type"] == "text" and "cache_control" not in second[1]
+    assert "4 model calls" in second[1]["text"] and "$" in second[1]["text"]

@@ -13,6 +13,7 @@ Runs, each on a fresh provider cache (so no run inherits another's cached prefix
   widen          widening a weak first pass alone (budgets in shadow), thresholds chosen on half A
   defaults       ragtoll's embedded defaults as they are (no context config)
   defaults+widen the embedded defaults with widening on, as chosen on half A
+  note           the budget note alone (budgets in shadow: the note still says what is left)
   defaults+note  the embedded defaults with the budget note on (the scripted models do not read
                  it: this measures what it costs, not what a model reading it would save)
   all            the embedded defaults, with the route's prompt_cache_key and depth as chosen
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         widen_cfg = widen_pick or {"widen": True}
         arms["widen"] = ({"context": {**alone, "evidence_once": False, "depth": False, **widen_cfg}}, True)
         arms["defaults+widen"] = ({"context": widen_cfg}, False)
+        arms["note"] = ({"context": {**alone, "evidence_once": False, "depth": False, "budget_note": True}}, True)
         arms["defaults+note"] = ({"context": {"budget_note": True}}, False)
         arms["all"] = arms.pop("all")
         if args.arms:

@@ -32,7 +32,9 @@ from ..model import Call
 from ..request.exchange import Exchange, Stage, contract
 
 MAX_TASKS = 10_000
-MAX_QUERIES = 64  # first passes judged per task (widening): later new queries are not judged
+# first passes judged per task (widening): later new queries are not; with MAX_TASKS, a bound
+# of about 10 MB on what widening keeps
+MAX_QUERIES = 16
 DEPTH_HEADER = b"x-ragtoll-depth"
 _LLM = frozenset({"chat", "text_completion"})
 
@@ -55,7 +57,7 @@ class Tally:
     # `widened` is the widened search's call while it is in flight (its answer is not cut)
     widen: str = ""
     widened: Call | None = None
-    queries: set[str] = field(default_factory=set)  # queries searched (first passes judged), bounded
+    queries: set[int] = field(default_factory=set)  # hashes of the queries judged (first passes), bounded
     budget_left: dict[str, float] | None = None  # as the budget said on the task's latest call
 
     def record(self) -> dict[str, Any]:
@@ -248,9 +250,9 @@ class ContextStage(Stage):
             tally.widened = None
             return "widened"
         query = ex.call.query_key or ex.call.query
-        if tally.widen or not query or query in tally.queries or len(tally.queries) >= MAX_QUERIES:
+        if tally.widen or not query or hash(query) in tally.queries or len(tally.queries) >= MAX_QUERIES:
             return ""
-        tally.queries.add(query)
+        tally.queries.add(hash(query))
         weak = context.weak([c.score for c in chunks], floor=policy.widen_floor or 0.0,
                             margin=policy.widen_margin or 0.0)
         if not weak:

@@ -21,6 +21,7 @@ went the first time: the provider's prefix cache keeps matching. No I/O, no stat
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -345,7 +346,7 @@ _NOTE_UNITS = {"max_steps": ("model call", "model calls"), "max_retrieval_calls"
                "max_rerank_calls": ("rerank", "reranks"), "max_context_tokens": ("prompt token", "prompt tokens")}
 
 
-def budget_note(left: dict[str, float] | Any) -> str | None:
+def budget_note(left: Mapping[str, float]) -> str | None:
     """The note a model reads at the end of its prompt: what its task has left (model calls,
     searches, reranks, prompt tokens, cost), from the budget's remaining-budget figures; None when
     the task has no limit the note names."""

@@ -5,8 +5,9 @@ reading the same body once with orjson in the same run (the floor any body rewri
 
 Cases: an OpenAI chat body with a system prompt and tool results, one of whose chunks repeats
 (evidence once + prompt_cache_key: the body is re-serialised); the same with no repeat (nothing
-changes but the key); an Anthropic body (breakpoints + evidence once). Also the adaptive-depth
-decision over 10 scores. Prints microseconds per call (best of 5 rounds).
+changes but the key); an Anthropic body (breakpoints + evidence once); a gpt-5.6 body with the
+budget note (prompt_cache_breakpoints + evidence once + the note). Also the adaptive-depth and
+weak-first-pass decisions over 10 scores. Prints microseconds per call (best of 5 rounds).
 """
 
 from __future__ import annotations
@@ -69,6 +70,21 @@ def rewrite_anthropic(body: bytes) -> bytes:
     return orjson.dumps(doc)
 
 
+NOTE = context.budget_note({"max_steps": 4, "max_retrieval_calls": 3, "max_cost_usd": 0.012}) or ""
+
+
+def rewrite_note(body: bytes) -> bytes:
+    """gpt-5.6 with the budget note: evidence once, both breakpoints, the note (stages/context.py)."""
+    doc = orjson.loads(body)
+    doc["model"] = "gpt-5.6"
+    rw = context.Rewrite()
+    context.openai_evidence_once(doc, rw, 200)
+    context.add_openai_breakpoints(doc, min_tokens=64)
+    context.mark_conversation_end(doc)
+    context.append_note(doc, "openai", NOTE)
+    return orjson.dumps(doc)
+
+
 def best_us(fn: Callable[[], object], n: int) -> float:
     return min(timeit.repeat(fn, number=n, repeat=5)) / n * 1e6
 
@@ -83,12 +99,14 @@ def main() -> None:
           f"{n} calls x best of 5")
     for name, body, fn in (("openai, a chunk repeated", repeat, rewrite_openai),
                            ("openai, nothing repeated", plain, rewrite_openai),
-                           ("anthropic, breakpoints + a repeat", claude, rewrite_anthropic)):
+                           ("anthropic, breakpoints + a repeat", claude, rewrite_anthropic),
+                           ("gpt-5.6, breakpoints + note + repeat", repeat, rewrite_note)):
         assert fn(copy.copy(body)) != body
         read = best_us(lambda b=body: orjson.loads(b), n)
         full = best_us(lambda b=body, f=fn: f(b), n)
         print(f"{name:<36} {len(body):>5} B  rewrite {full:6.1f} us   (orjson.loads alone {read:5.1f} us)")
     print(f"{'adaptive depth, 10 scores':<36} {'':>7}  decide  {best_us(lambda: context.depth(scores, gap=0.25, floor=0.0), n):6.1f} us")
+    print(f"{'weak first pass, 10 scores':<36} {'':>7}  decide  {best_us(lambda: context.weak(scores, floor=5.0, margin=0.05), n):6.1f} us")
 
 
 if __name__ == "__main__":

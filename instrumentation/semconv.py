@@ -148,7 +148,9 @@ CONTEXT_CHARS_SAVED = "ragtoll.context.chars_saved"  # characters of chunk text 
 CONTEXT_REWRITE_US = "ragtoll.context.rewrite_us"  # microseconds the rewrites took
 CONTEXT_DEPTH_KEPT = "ragtoll.context.depth.kept"  # retrieval results passed on (adaptive depth)
 CONTEXT_DEPTH_RETURNED = "ragtoll.context.depth.returned"  # ... of those the source returned
-CONTEXT_DEPTH_REASON = "ragtoll.context.depth.reason"  # gap | floor
+CONTEXT_DEPTH_REASON = "ragtoll.context.depth.reason"  # gap | floor | weak-low | weak-tie | widened
+CONTEXT_DEPTH_WIDENED_FROM = "ragtoll.context.depth.widened_from"  # the top_k a widened search asked for
+CONTEXT_BUDGET_NOTE = "ragtoll.context.budget_note"  # characters of the budget note appended to the prompt
 CONTEXT_CACHED_SHARE = "ragtoll.context.cached_input_share"  # cache reads / input tokens (upstream usage)
 QUERY_NEW = "ragtoll.query.new"
 # the length of a query past server.max_query_chars: keyed by hash, never read further

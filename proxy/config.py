@@ -712,18 +712,37 @@ class ContextRoute:
     depth: bool | None = None
     depth_gap: float | None = None
     depth_floor: float | None = None
+    widen: bool | None = None
+    widen_floor: float | None = None
+    widen_margin: float | None = None
+    widen_top_k: int | None = None
+    budget_note: bool | None = None
+    breakpoint_models: tuple[str, ...] | None = None
 
     def validate(self, where: str) -> None:
-        for key in ("depth_gap", "depth_floor"):
+        for key in ("depth_gap", "depth_floor", "widen_margin"):
             value = getattr(self, key)
             if value is not None and (not _finite(value) or not 0 <= value <= 1):
-                _bad(f"{where}.{key}", value, "a share of the top score in [0, 1] (0 turns this cut off)")
+                _bad(f"{where}.{key}", value, "a share of the top score in [0, 1] (0 turns this test off)")
+        if self.widen_floor is not None and (not _finite(self.widen_floor) or self.widen_floor < 0):
+            _bad(f"{where}.widen_floor", self.widen_floor, "a score >= 0 on the retriever's own scale (0: off)")
+        if self.widen_top_k is not None and not 1 <= self.widen_top_k <= MAX_WIDEN_TOP_K:
+            _bad(f"{where}.widen_top_k", self.widen_top_k,
+                 f"an integer in 1..{MAX_WIDEN_TOP_K} (the top_k a widened search asks for)")
+        for i, prefix in enumerate(self.breakpoint_models or ()):
+            if not prefix.strip():
+                _bad(f"{where}.breakpoint_models[{i}]", prefix, "a model name prefix such as gpt-5.6 (an empty one "
+                     "would match every model)")
         if self.min_chunk_chars is not None and self.min_chunk_chars < MIN_CHUNK_CHARS:
             _bad(f"{where}.min_chunk_chars", self.min_chunk_chars,
                  f"at least {MIN_CHUNK_CHARS} characters (a shorter text is too common to stand for a chunk)")
 
 
 MIN_CHUNK_CHARS = 64
+MAX_WIDEN_TOP_K = 50  # a widened search never asks for more (the demo tools' own ceiling)
+# OpenAI models that take `prompt_cache_breakpoint` on content parts (GPT-5.6 and later, per
+# OpenAI's API reference); a prefix list, so dated and named variants match
+OPENAI_BREAKPOINT_MODELS = ("gpt-5.6",)
 
 
 @dataclass(frozen=True)
@@ -736,7 +755,10 @@ class ContextConfig:
     prompt, `off` none; `auto` is `task` on api.openai.com (chosen by bench/eval_agents/context_eval.py)
     and `off` elsewhere (an OpenAI-compatible server may refuse a field it does not know). `breakpoints` (Anthropic
     routes): cache_control where the stable prefix ends. `evidence_once`: a chunk a new tool result
-    repeats from earlier in the conversation becomes a reference. `routes` overrides by route name."""
+    repeats from earlier in the conversation becomes a reference. `widen` (off): a task's weak first
+    pass widens its next search. `budget_note` (off): the prompt ends with what the task has left.
+    `breakpoint_models`: OpenAI models that take `prompt_cache_breakpoint`. `routes` overrides by
+    route name (docs/context.md)."""
 
     enabled: bool = True
     prompt_cache_key: Literal["auto", "off", "task", "system"] = "auto"
@@ -751,6 +773,20 @@ class ContextConfig:
     depth: bool = True
     depth_gap: float = 0.15
     depth_floor: float = 0.0
+    # widening a weak first pass (retrieval routes, per task): a task's first search on a query
+    # whose top score is under `widen_floor` (the retriever's scale; 0: off) or whose top result
+    # leads the next by less than `widen_margin` x the top score is passed on uncut, and the task's
+    # next search asks for `widen_top_k` results; at most once per task
+    widen: bool = False
+    widen_floor: float = 0.0
+    widen_margin: float = 0.05
+    widen_top_k: int = 12
+    # a short note of what the task has left (steps, searches, cost), appended as the prompt's last
+    # part, never in the cached prefix; off: the eval's scripted models do not read it
+    budget_note: bool = False
+    # OpenAI-style routes: models (prefixes) that take `prompt_cache_breakpoint`; `breakpoints`
+    # turns these on and off with Anthropic's
+    breakpoint_models: tuple[str, ...] = OPENAI_BREAKPOINT_MODELS
     routes: Mapping[str, ContextRoute] = EMPTY
 
     def __post_init__(self) -> None:
@@ -760,7 +796,9 @@ class ContextConfig:
         if self.min_chunk_chars < MIN_CHUNK_CHARS:
             _bad(f"{where}.min_chunk_chars", self.min_chunk_chars,
                  f"at least {MIN_CHUNK_CHARS} characters (default 200)")
-        ContextRoute(depth_gap=self.depth_gap, depth_floor=self.depth_floor).validate(where)
+        ContextRoute(depth_gap=self.depth_gap, depth_floor=self.depth_floor, widen_floor=self.widen_floor,
+                     widen_margin=self.widen_margin, widen_top_k=self.widen_top_k,
+                     breakpoint_models=self.breakpoint_models).validate(where)
         for name, route in self.routes.items():
             route.validate(f"{where}.routes.{name}")
 
@@ -775,6 +813,12 @@ class ContextConfig:
             depth=self.depth if over.depth is None else over.depth,
             depth_gap=self.depth_gap if over.depth_gap is None else over.depth_gap,
             depth_floor=self.depth_floor if over.depth_floor is None else over.depth_floor,
+            widen=self.widen if over.widen is None else over.widen,
+            widen_floor=self.widen_floor if over.widen_floor is None else over.widen_floor,
+            widen_margin=self.widen_margin if over.widen_margin is None else over.widen_margin,
+            widen_top_k=over.widen_top_k or self.widen_top_k,
+            budget_note=self.budget_note if over.budget_note is None else over.budget_note,
+            breakpoint_models=self.breakpoint_models if over.breakpoint_models is None else over.breakpoint_models,
         )
 
 

@@ -70,6 +70,25 @@ class JsonRetrievalAdapter:
         del results[keep:]  # in place: the list is part of `doc`
         return orjson.dumps(doc)
 
+    def with_top_k(self, body: bytes, top_k: int) -> bytes | None:
+        """The search with its top_k raised to `top_k` (widening a weak first pass,
+        stages/context.py); None when the body holds no integer top_k at the configured path under
+        that (a search that left top_k to the upstream's default is not widened)."""
+        path = self.fields.get("top_k")
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        if not path or not isinstance(doc, dict):
+            return None
+        head, _, last = path.rpartition(".")
+        parent = get_path(doc, head) if head else doc
+        current = parent.get(last) if isinstance(parent, dict) else None
+        if current.__class__ is not int or current >= top_k:
+            return None
+        parent[last] = top_k
+        return orjson.dumps(doc)
+
     # -- request ---------------------------------------------------------------------------------
 
     def route_id(self, method: str, path: str) -> str | None:

@@ -8,6 +8,10 @@ without taking anything from the model.
   of 4 and only past its minimum cacheable length; the client's own breakpoints stay where they are.
 * `evidence_once`: in a tool result, a retrieved chunk the conversation already holds in full
   is replaced by a short reference to where it appeared.
+* `add_openai_breakpoints`: OpenAI's `prompt_cache_breakpoint` at the end of the system prefix,
+  on models that take it (GPT-5.6 and later).
+* `depth` and `weak`: where to cut a retrieval's results, and whether a first pass looks weak.
+* `budget_note` and `append_note`: what the task has left, as the prompt's very last part.
 
 Every rewrite is a pure function of the request and each message's rewrite depends only on that
 message and those before it, so the messages a client sends again go upstream exactly as they
@@ -17,6 +21,7 @@ went the first time: the provider's prefix cache keeps matching. No I/O, no stat
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,10 +58,12 @@ class Rewrite:
     chunks_referenced: int = 0  # chunk texts replaced by a reference
     chars_saved: int = 0  # characters of chunk text not sent again
     referenced_ids: list[str] = field(default_factory=list)
+    note_chars: int = 0  # the budget note appended (0: none)
 
     @property
     def changed(self) -> bool:
-        return self.cache_key is not None or self.breakpoints_added > 0 or self.chunks_referenced > 0
+        return (self.cache_key is not None or self.breakpoints_added > 0 or self.chunks_referenced > 0
+                or self.note_chars > 0)
 
 
 # --- prompt_cache_key ----------------------------------------------------------------------------
@@ -308,3 +315,149 @@ def depth(scores: list[float | None], *, gap: float, floor: float, min_keep: int
         if drops[i] >= gap and max(i + 1, min_keep) < keep:
             keep, reason = max(i + 1, min_keep), "gap"
     return keep, reason
+
+
+# --- widening a weak first pass ------------------------------------------------------------------
+
+
+def weak(scores: list[float | None], *, floor: float, margin: float) -> str:
+    """Why a search's results look like a weak first pass ('' when they do not): `low` when the
+    top score is under `floor` (the retriever's own scale; 0: never), `tie` when the top result
+    leads the second by less than `margin` x the top score (0: never). No results is `low`;
+    results without scores, or scores that do not fall with rank (distances), are never judged."""
+    if not scores:
+        return "low" if floor > 0 else ""
+    if any(s is None for s in scores):
+        return ""
+    vals = [float(s) for s in scores if s is not None]
+    if any(b > a for a, b in itertools.pairwise(vals)):
+        return ""
+    if floor > 0 and vals[0] < floor:
+        return "low"
+    if margin > 0 and len(vals) > 1 and vals[0] > 0 and (vals[0] - vals[1]) < margin * vals[0]:
+        return "tie"
+    return ""
+
+
+# --- the budget note -----------------------------------------------------------------------------
+
+# what the note names, in its order: dimension -> (singular, plural)
+_NOTE_UNITS = {"max_steps": ("model call", "model calls"), "max_retrieval_calls": ("search", "searches"),
+               "max_rerank_calls": ("rerank", "reranks"), "max_context_tokens": ("prompt token", "prompt tokens")}
+
+
+def budget_note(left: Mapping[str, float]) -> str | None:
+    """The note a model reads at the end of its prompt: what its task has left (model calls,
+    searches, reranks, prompt tokens, cost), from the budget's remaining-budget figures; None when
+    the task has no limit the note names."""
+    parts = []
+    for dim, (one, many) in _NOTE_UNITS.items():
+        if dim in left:
+            n = int(left[dim])
+            parts.append(f"{n} {one if n == 1 else many}")
+    if "max_cost_usd" in left:
+        parts.append(f"${float(left['max_cost_usd']):.4f}")
+    if not parts:
+        return None
+    return ("[ragtoll budget note] This task has left: " + ", ".join(parts) +
+            ". Answer from the evidence you have before it runs out; search again only if you must.")
+
+
+def append_note(doc: dict[str, Any], api: str, note: str) -> bool:
+    """Append `note` as the prompt's last part, after everything the client sent (so after every
+    cache breakpoint: the client never sends it back, and the cached prefix never holds it). Chat
+    Completions: a final user message; Responses: a final user input item (not on a conversation
+    the server keeps, `previous_response_id` or `conversation`, which would store it); Anthropic: a
+    text block at the end of the last user turn. False (nothing added) for any other shape."""
+    if api == "anthropic":
+        messages = doc.get("messages")
+        last = messages[-1] if isinstance(messages, list) and messages else None
+        if not isinstance(last, dict) or last.get("role") != "user":
+            return False
+        content = last.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list):
+            return False
+        messages[-1] = {**last, "content": [*blocks, {"type": "text", "text": note}]}
+        return True
+    if isinstance(doc.get("messages"), list):
+        doc["messages"].append({"role": "user", "content": note})
+        return True
+    if isinstance(doc.get("input"), list) and doc.get("previous_response_id") is None \
+            and doc.get("conversation") is None:
+        doc["input"].append({"role": "user", "content": note})
+        return True
+    return False
+
+
+# --- OpenAI prompt_cache_breakpoint --------------------------------------------------------------
+
+OPENAI_MAX_BREAKPOINTS = 4  # breakpoints one request may write (the implicit one included)
+BREAKPOINT = {"mode": "explicit"}
+
+
+def takes_breakpoints(model: str | None, prefixes: tuple[str, ...]) -> bool:
+    m = (model or "").lower()
+    return bool(m) and any(m.startswith(p.lower()) for p in prefixes if p)
+
+
+def _parts_with_breakpoint(content: Any, part_type: str) -> list[Any] | None:
+    """`content` (a string or a list of parts) with a breakpoint on its last part; None when that
+    part cannot take one (not text, empty) or the content has none."""
+    if isinstance(content, str):
+        return [{"type": part_type, "text": content, "prompt_cache_breakpoint": dict(BREAKPOINT)}] if content else None
+    if not isinstance(content, list) or not content:
+        return None
+    last = content[-1]
+    if not isinstance(last, dict) or last.get("type") not in ("text", "input_text") or not last.get("text"):
+        return None
+    return [*content[:-1], {**last, "prompt_cache_breakpoint": dict(BREAKPOINT)}]
+
+
+def add_openai_breakpoints(doc: dict[str, Any], *, min_tokens: int = 1024) -> tuple[int, int]:
+    """A `prompt_cache_breakpoint` where the stable prefix ends on an OpenAI Chat Completions or
+    Responses request: the last part of the leading system / developer messages (the tools and
+    instructions every task of the agent shares; the provider's own implicit breakpoint already
+    covers the conversation's latest message). (added, the client's own). Nothing is added when
+    the client placed any breakpoint (its choice stands; ragtoll never moves one: so a request
+    holds at most 2 with the implicit one, within OpenAI's 4), or when the prefix is under the
+    provider's 1,024-token minimum (estimated low)."""
+    key, part_type = ("messages", "text") if isinstance(doc.get("messages"), list) else ("input", "input_text")
+    items = doc.get(key)
+    if not isinstance(items, list):
+        return 0, 0
+    client = sum(1 for m in items if isinstance(m, dict) and isinstance(m.get("content"), list)
+                 for p in m["content"] if isinstance(p, dict) and "prompt_cache_breakpoint" in p)
+    if client:  # the client chose its prefix; with none, one more keeps the request within the limit
+        return 0, client
+    end = 0
+    while end < len(items) and isinstance(items[end], dict) and items[end].get("role") in ("system", "developer"):
+        end += 1
+    if not end:
+        return 0, client
+    tools = doc.get("tools")
+    chars = (len(orjson.dumps(tools)) if tools else 0) + len(orjson.dumps(items[:end]))
+    if chars < min_tokens * CHARS_PER_TOKEN:
+        return 0, client
+    marked = _parts_with_breakpoint(items[end - 1].get("content"), part_type)
+    if marked is None:
+        return 0, client
+    items[end - 1] = {**items[end - 1], "content": marked}
+    return 1, client
+
+
+def mark_conversation_end(doc: dict[str, Any]) -> int:
+    """Before the budget note goes on a model with explicit breakpoints: a breakpoint on the
+    client's last message (user or tool; an assistant message cannot take one), so the
+    conversation is cached where it ends without the note and not only with the note, which is
+    never sent again. 1 when marked."""
+    key, part_type = ("messages", "text") if isinstance(doc.get("messages"), list) else ("input", "input_text")
+    items = doc.get(key)
+    last = items[-1] if isinstance(items, list) and items else None
+    if not isinstance(last, dict) or last.get("role") not in ("user", "tool"):
+        return 0
+    marked = _parts_with_breakpoint(last.get("content"), part_type)
+    if marked is None:
+        return 0
+    items[-1] = {**last, "content": marked}
+    return 1

@@ -100,6 +100,7 @@ class Exchange:
     stream_state: StreamState | None = None  # an admitted stream's hold, extensions and cut
     budget_record: Callable[[], None] | None = None  # the reservation's span record, written once
     new_chunks: int | None = None  # a retrieval read whole: how many of its chunks are new to the task
+    budget_left: dict[str, float] | None = None  # what the task had left when this call was admitted (budget)
     settlement: Settlement | None = None  # what the task's ledger was finally charged for this call
     degraded: str | None = None  # why the budget did not apply (store trouble, on_store_error: open)
     # an admission while the store's answer was unknown: `local` (the local ledger bounded it) or

@@ -95,7 +95,7 @@ class BudgetStage(Stage):
     contract = contract(
         reads="task caller proposal call body route headers span timeouts",
         writes="admission stream_state budget_record body timeouts timeout_error degraded degraded_bound outcome "
-               "response_headers",
+               "response_headers budget_left",
         response_reads="admission stream_state budget_record task call observation route target span",
         response_writes="new_chunks settlement stream_state budget_record gate",
         end_reads="admission stream_state budget_record settlement task call observation status span route",
@@ -295,6 +295,7 @@ class BudgetStage(Stage):
             deadline_ms=d.ledger.started_ms + deadline if deadline is not None and d.ledger.started_ms and not shadow
             else None)
         left, warn = self._headers(ex, adm, d, plan.now)
+        ex.budget_left = left  # the context stage's budget note reads it
         record = functools.partial(record_reservation, ex.span, adm, r.sel, r.notes, d, plan.now, left, warn,
                                    time.time_ns())
         if not d.admitted:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
 from ragtoll.proxy import config
 from ragtoll.proxy.stages.context import ContextStage
 
@@ -21,3 +24,21 @@ def test_auto_sets_a_per_task_key_on_openai_only() -> None:
 def test_a_route_can_choose_its_key_mode_or_none() -> None:
     stage = _stage({"prompt_cache_key": "off", "routes": {"vllm": {"prompt_cache_key": "system"}}})
     assert stage.keys == {"oai": "off", "vllm": "system", "claude": "off"}
+
+
+def test_widening_and_the_note_are_off_by_default_and_per_route() -> None:
+    stage = _stage({"routes": {"vllm": {"widen": True, "widen_top_k": 20, "budget_note": True}}})
+    assert not stage.policies["oai"].widen and not stage.policies["oai"].budget_note
+    assert stage.policies["vllm"].widen and stage.policies["vllm"].widen_top_k == 20 and stage.notes
+
+
+@pytest.mark.parametrize(("context", "field"), [
+    ({"widen_top_k": 0}, "context.widen_top_k"), ({"widen_top_k": 500}, "context.widen_top_k"),
+    ({"widen_margin": 2}, "context.widen_margin"), ({"widen_floor": -1}, "context.widen_floor"),
+    ({"routes": {"vllm": {"widen_top_k": 51}}}, "context.routes.vllm.widen_top_k"),
+    ({"breakpoint_models": ["gpt-5.6", " "]}, "context.breakpoint_models[1]")])
+def test_a_bad_setting_names_its_field(context: dict[str, object], field: str) -> None:
+    """A widened search's worst case is bounded by config (top_k at most 50, shares in [0, 1]), and
+    an empty model prefix, which would put breakpoints on every model, is refused."""
+    with pytest.raises(config.ConfigError, match=re.escape(field)):
+        _stage(context)

@@ -4,12 +4,12 @@ every dimension limited, the evidence cache on, one task per call) under cProfil
     python bench/cpu_profile.py                      # 3,000 calls, the table by package
     python bench/cpu_profile.py --calls 5000 --top 40 --out /tmp/ragtoll.prof
 
-Prints the process's CPU per call without the profiler and with it (the profiler's own overhead is
-the gap; compare packages with each other, not with the first figure), the event-loop thread's own
-time by package (cProfile's tottime, which adds up to the thread's whole time), and the functions
-with the most cumulative time, all in µs per call. cProfile sees only the main thread: the span
-export thread's CPU per call is measured apart, by the same calls with `OTEL_TRACES_EXPORTER=none`
-(the gap is what export costs). A diagnostic for bench/, never run by the tests.
+Prints ragtoll's CPU per call without a profiler, with spans exported and with `OTEL_TRACES_EXPORTER=none`
+(the gap is the span export thread's share, which cProfile does not see: it profiles the main thread
+only); then, from a run under cProfile (timed by the thread's CPU clock), the event-loop thread's own CPU time by package (cProfile's tottime;
+C built-ins are charged to the package that called them) and the functions with the most cumulative
+time, all in µs per call. cProfile roughly doubles the time of Python code: compare its packages with
+each other, not with the first line. A diagnostic for bench/, never run by the tests.
 """
 
 from __future__ import annotations
@@ -17,10 +17,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import cProfile
 import os
 import pstats
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -64,7 +66,23 @@ def package(filename: str, function: str) -> str:
     return "standard library" if "python3" in filename or filename.startswith("<") else filename
 
 
+def profiled_serve(out: str, argv: list[str]) -> int:
+    """`ragtoll <argv>` under cProfile timed by this thread's CPU clock (the event loop's thread), not
+    the wall clock: waiting for the GIL or a socket costs nothing; the profile is written at exit."""
+    from ragtoll.proxy.cli import main as cli
+
+    profile = cProfile.Profile(time.thread_time)
+    profile.enable()
+    try:
+        return cli(argv)
+    finally:
+        profile.disable()
+        profile.dump_stats(out)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--profile-to"]:
+        sys.exit(profiled_serve(sys.argv[2], sys.argv[3:]))
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calls", type=int, default=3000)
     ap.add_argument("--top", type=int, default=30)
@@ -79,7 +97,7 @@ def main() -> None:
     def ragtoll(name: str, env: dict[str, str], profile: bool = False) -> Target:
         port = free_port()
         cfg = ragtoll_config(tmp, name, port, f"http://127.0.0.1:{up_port}")
-        run = [sys.executable, *(["-m", "cProfile", "-o", out] if profile else []), "-m", "ragtoll.proxy"]
+        run = [sys.executable, __file__, "--profile-to", out] if profile else [sys.executable, "-m", "ragtoll.proxy"]
         return Target(name, "/openai", [*run, "serve", "--config", str(cfg)], {**export, **env}, port)
 
     upstream.start()
@@ -111,14 +129,14 @@ def report(stats: pstats.Stats, n: int, plain: dict[str, float], top: int) -> No
         if where == "built-ins":  # isinstance, dict.get, ...: charged to the package that called them
             for (caller_file, _, caller_fn), edge in callers.items():
                 own[package(caller_file, caller_fn)] += edge[2]
-        else:  # the frame that runs uvloop's C loop is charged with its idle wait and its C work alike
-            own["event loop (uvloop's C code) and idle" if "server.py" in filename and fn == "serve" else where] += tottime
+        else:  # the frame that runs uvloop's C loop is charged with its C work (sockets, callbacks)
+            own["event loop (uvloop's C code)" if "server.py" in filename and fn == "serve" else where] += tottime
         rows.append((cumtime, tottime, ncalls, f"{filename.split('site-packages/')[-1]}:{line}:{fn}"))
     us = lambda s: s * 1e6 / n
     print(f"ragtoll CPU per call without a profiler (load average {os.getloadavg()[0]:.2f}): "
           f"{plain['exported']:.0f} µs with spans exported, {plain['not exported']:.0f} µs without export "
           f"(export: {plain['exported'] - plain['not exported']:.0f} µs, on the batch thread)")
-    print(f"\nevent-loop thread under cProfile, own time by package (µs per call, {n} calls incl. warm-up):")
+    print(f"\nevent-loop thread under cProfile, own CPU time by package (µs per call, {n} calls incl. warm-up):")
     for name, seconds in own.most_common():
         if us(seconds) >= 1:
             print(f"  {us(seconds):8.1f}  {name}")

@@ -76,7 +76,7 @@ def span_exporter(env: Mapping[str, str]) -> SpanExporter | None:
         return GrpcExporter(endpoint=_endpoint(env, "traces", grpc=True))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-    return HttpExporter(endpoint=_endpoint(env, "traces", grpc=False))
+    return HttpExporter(endpoint=_endpoint(env, "traces", grpc=False), session=_session())
 
 
 def tracer_provider(env: Mapping[str, str], service_name: str = "ragtoll", *, export: str = "thread"

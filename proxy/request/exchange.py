@@ -98,7 +98,7 @@ class Exchange:
     charged_principal: str | None = None  # the principal whose rolling cost this call's spend joins
     admission: Admission | None = None  # the budget's decision and reservation for this call
     stream_state: StreamState | None = None  # an admitted stream's hold, extensions and cut
-    budget_record: Callable[[], None] | None = None  # the reservation's span record, written once
+    budget_record: Callable[..., None] | None = None  # the reservation's span record, written once
     new_chunks: int | None = None  # a retrieval read whole: how many of its chunks are new to the task
     budget_left: dict[str, float] | None = None  # what the task had left when this call was admitted (budget)
     settlement: Settlement | None = None  # what the task's ledger was finally charged for this call

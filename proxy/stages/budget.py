@@ -518,25 +518,29 @@ class BudgetStage(Stage):
             ex.new_chunks = ledger.used("last_new")
 
     async def on_end(self, ex: Exchange) -> None:
-        flush_record(ex)
         adm = ex.admission
         if adm is None or not adm.admitted or ex.task is None or ex.settlement is not None:
+            flush_record(ex)
             return
         await self._settle(ex, adm)
 
     async def _settle(self, ex: Exchange, adm: Admission) -> Ledger | None:
-        """Replace the reservation with the call's actual use, once (`ex.settlement`); record it on the span."""
+        """Replace the reservation with the call's actual use, once (`ex.settlement`); record it on
+        the span (with the reservation's record, when that is still waiting: one write)."""
         assert ex.task is not None
-        flush_record(ex)  # the reserve-time totals first; settle's replace some
         actual, verdict = self._actual(ex, adm)
         ex.settlement = Settlement(adm.charge.cost, None)  # what stands if the store does not confirm
         try:
             ledger = await self.store.settle(ex.task.id, adm.reservation, actual, self._wall_ms())
         except Exception as exc:  # noqa: BLE001 - the response is (being) sent; record, never fail
+            flush_record(ex)  # the reserve-time totals stand; the failure amends them
             record_degraded(ex.span, f"settle failed: {type(exc).__name__}")
             return None
+        except BaseException:  # cancelled while the store answered: the reserve-time record still goes out
+            flush_record(ex)
+            raise
         ex.settlement = Settlement(actual.cost_nusd, bm.usd(actual.cost_nusd))
-        record_settlement(ex.span, adm, ex.stream_state, ledger, actual, verdict, self._wall_ms())
+        record_settlement(ex, adm, ledger, actual, verdict, self._wall_ms())
         return ledger
 
     def _actual(self, ex: Exchange, adm: Admission) -> tuple[Actual, Verdict | None]:

@@ -62,6 +62,7 @@ class CountingStore:
         self.late = late or set()
         self.late_s = late_s
         self.fail_settle: bool | int = False
+        self.hang_settle = False  # settles never answer
         self.reserves: Counter[str] = Counter()
         self.settles = 0
         self.cancels = 0
@@ -110,6 +111,8 @@ class CountingStore:
             if not isinstance(self.fail_settle, bool):
                 self.fail_settle -= 1
             raise ConnectionError("gone mid-call")
+        if self.hang_settle:
+            await asyncio.sleep(3600)
         return await self.inner.settle(task_id, reservation, actual, now_ms)
 
     async def get_task(self, task_id: str) -> Ledger | None:
@@ -404,6 +407,43 @@ async def test_a_failed_settle_is_recorded_and_does_not_raise() -> None:
     assert span.attributes[sc.DEGRADED] is True
     assert [e.attributes["reason"] for e in span.events if e.name == sc.EVENT_DEGRADED] == \
         ["settle failed: ConnectionError"]
+
+
+async def test_a_failed_settle_leaves_the_reservations_record_on_the_span_before_its_failure() -> None:
+    """The settle writes the reservation's record with its own values in one write; when the store
+    fails, the reserve-time values stand and the failure's event comes after the charge."""
+    xs = Exchanges(budgets=budgets(max_completion_tokens=1000))
+    store = CountingStore(MemoryStore())
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
+    ex = xs(body={**CHAT, "max_tokens": 500})
+    await stage.on_request(ex)
+    answer(ex, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    store.fail_settle = True
+    await stage.on_end(ex)
+    span = xs.finished(ex)
+    assert span.attributes[sc.budget_limit("max_completion_tokens")] == 1000
+    assert span.attributes[sc.budget_used("max_completion_tokens")] == 500  # reserved, never settled
+    assert sc.COST_USD not in span.attributes
+    assert [e.name for e in span.events] == [sc.EVENT_CHARGE, sc.EVENT_DEGRADED]
+
+
+async def test_a_settle_cancelled_while_the_store_answers_still_writes_the_reservations_record() -> None:
+    xs = Exchanges(budgets=budgets(max_completion_tokens=1000))
+    store = CountingStore(MemoryStore())
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
+    ex = xs(body={**CHAT, "max_tokens": 500})
+    await stage.on_request(ex)
+    answer(ex, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    store.hang_settle = True
+    ending = asyncio.ensure_future(stage.on_end(ex))
+    while store.settles == 0:
+        await asyncio.sleep(0)
+    ending.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await ending
+    span = xs.finished(ex)
+    assert span.attributes[sc.budget_used("max_completion_tokens")] == 500
+    assert [e.name for e in span.events] == [sc.EVENT_CHARGE]
 
 
 @pytest.mark.parametrize("mode", ["open", "closed"])

@@ -404,22 +404,24 @@ def test_audits_on_one_replica_raise_the_threshold_the_other_applies(cache_proxy
     def audits() -> list[Any]:
         return [e for s in telemetry.spans() if s.name == "cache.audit docs" for e in s.events]
 
+    plans = ["pro", "starter", "team", "business", "enterprise"]  # a wrong audit retires its entry's paraphrase
     with cache_proxy(**cfg) as a:
         app_a = CURRENT[0]
         with cache_proxy(**cfg) as b:
-            search(a, "refund window for annual pro plans", alice, task=tag)
+            for plan in [*plans, "premium"]:
+                search(a, f"refund window for annual {plan} plans", alice, task=tag)
             settled(app_a)  # a filed the evidence in Redis
-            before = search(b, "refund window for yearly pro plans", alice, task=tag)
+            before = search(b, "refund window for yearly premium plans", alice, task=tag)
             assert before.headers["x-ragtoll-cache"] == "hit; tier=semantic"  # b has read the base threshold
-            for _ in range(5):  # live retrieval disagrees with each of these hits: a's audits raise the threshold
-                assert search(a, "refund window for yearly pro plans", alice, task=tag).headers[
+            for plan in plans:  # live retrieval disagrees with each of these hits: a's audits raise the threshold
+                assert search(a, f"refund window for yearly {plan} plans", alice, task=tag).headers[
                     "x-ragtoll-cache"] == "hit; tier=semantic"
             deadline = time.monotonic() + 10
             while len(audits()) < 6 and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert max(e.attributes[sc.CACHE_THRESHOLD] for e in audits()) == pytest.approx(0.99)
             time.sleep(REFRESH_S)  # b re-reads a scope's shared threshold at most this often
-            after = search(b, "refund window for yearly pro plans", alice, task=tag)
+            after = search(b, "refund window for yearly premium plans", alice, task=tag)
     assert "x-ragtoll-cache" not in after.headers
     last = cache_attrs(telemetry)[-1]
     assert last[sc.CACHE_REASON] == "below_threshold" and last[sc.CACHE_THRESHOLD] == pytest.approx(0.99)

@@ -395,3 +395,27 @@ async def test_the_shipped_model_reads_each_feature_the_way_it_means(model: Loca
     one = pair_features(cached, features("refund window for yearly pro plans"), 0.95, 1.0)
     two = pair_features(cached, features("cancellation window for yearly pro plans"), 0.95, 1.0)
     assert shipped.p_wrong(two) >= shipped.p_wrong(one)
+
+
+# Issue 33, per entry as vCache does: an audit that found a served entry wrong raises that entry's own
+# floor above the similarity it was served at, for every replica on the store; the route's other
+# entries, and the entry's exact hits, are untouched.
+async def test_a_wrong_audit_raises_the_served_entrys_own_floor(model: LocalModel) -> None:
+    from ragtoll.proxy.cache.evidence import audit_id
+
+    store = MemoryEvidenceStore()
+    cache = EvidenceCache(store, embedder=CachedEmbedder(LocalEmbedder(model)), similarity=0.85,
+                          auditor=Auditor(0.0, 0.85, target=0.0))
+    await fill(cache, "refund window for annual pro plans", ["a"])
+    await fill(cache, "baggage allowance for flights to Paris", ["b"])
+    served = await ask(cache, "refund window for yearly pro plans")
+    assert served.hit and served.tier == "semantic" and served.entry is not None
+    entry = audit_id(served.partition.key, served.entry.query)
+    await cache.auditor.record(served.partition.source, compare(["a"], ["z"], 1), entry, served.similarity)
+    again = await ask(cache, "refund window for yearly pro plans")
+    assert not again.hit and again.reason == "audit:entry"
+    assert (await ask(cache, "refund window for annual pro plans")).tier == "exact"
+    other = await ask(cache, "luggage allowance for flights to Paris")
+    assert other.hit and other.tier == "semantic"
+    replica = Auditor(0.0, 0.85, store=store)  # another replica on the store reads the same floor
+    assert await replica.entry_floor(served.partition.source, entry) > served.similarity

@@ -9,7 +9,8 @@ similarity and content-overlap `FLOORS` up) with every veto in force and nothing
 semantically: every candidate that passed the vetoes is recorded with its features
 (core.verify.PAIR_FEATURES) and its label, right when live retrieval for the new query has the same
 top result and >= 0.8 of the same top 5 as the candidate's evidence *and* the two queries share an
-intent. A logistic regression (scikit-learn, standardised features) is fitted on those pairs.
+intent. A logistic regression (standardised features, L2 with `--C`, each coefficient held to the
+sign its feature means, `SIGNS`; scipy's L-BFGS-B) is fitted on those pairs.
 
 The default bound is chosen by leave-one-domain-out: for each tuning domain, a model fitted on the
 other tuning domains serves that domain's streams at each bound of `BOUNDS`; the largest bound whose

@@ -278,6 +278,25 @@ def test_semantic_hit_verified_with_the_local_embedder_and_audited(cache_proxy: 
     assert app.calls == 2 + 1  # three asks, one of them served; plus one audit re-run
 
 
+def test_a_wrong_audit_retires_the_paraphrase_it_served(cache_proxy: Any, retriever: Any, telemetry: Any) -> None:
+    # issue 33, per entry: live retrieval for "yearly" disagrees with the "annual" evidence, so the audit of
+    # that hit raises the entry's own floor above it; the entry still serves its exact text
+    with cache_proxy(cache={"embedder": "local", "audit_fraction": 1.0}) as base:
+        search(base, "refund window for annual pro plans", ALICE)
+        first = search(base, "refund window for yearly pro plans", ALICE)
+        deadline = time.monotonic() + 5
+        while not [s for s in telemetry.spans() if s.name == "cache.audit docs"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        again = search(base, "refund window for yearly pro plans", ALICE)
+        exact = search(base, "refund window for annual pro plans", ALICE)
+    audit = [s for s in telemetry.spans() if s.name == "cache.audit docs"]
+    assert audit and audit[0].events[0].attributes[sc.CACHE_AUDIT_AGREES] is False
+    assert first.headers["x-ragtoll-cache"] == "hit; tier=semantic"
+    assert "x-ragtoll-cache" not in again.headers
+    assert exact.headers["x-ragtoll-cache"] == "hit; tier=exact"
+    assert cache_attrs(telemetry)[2][sc.CACHE_REASON] == "audit:entry"
+
+
 def test_nearly_tied_evidence_serves_exact_hits_only(cache_proxy: Any, retriever: Any,
                                                      telemetry: Any) -> None:
     _, app = retriever

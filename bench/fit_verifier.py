@@ -9,7 +9,8 @@ similarity and content-overlap `FLOORS` up) with every veto in force and nothing
 semantically: every candidate that passed the vetoes is recorded with its features
 (core.verify.PAIR_FEATURES) and its label, right when live retrieval for the new query has the same
 top result and >= 0.8 of the same top 5 as the candidate's evidence *and* the two queries share an
-intent. A logistic regression (scikit-learn, standardised features) is fitted on those pairs.
+intent. A logistic regression (standardised features, L2 with `--C`, each coefficient held to the
+sign its feature means, `SIGNS`; scipy's L-BFGS-B) is fitted on those pairs.
 
 The default bound is chosen by leave-one-domain-out: for each tuning domain, a model fitted on the
 other tuning domains serves that domain's streams at each bound of `BOUNDS`; the largest bound whose
@@ -32,7 +33,8 @@ from collections import defaultdict
 from typing import Any
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
+from scipy.optimize import minimize
+from scipy.special import expit
 from sklearn.preprocessing import StandardScaler
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
@@ -40,16 +42,17 @@ from eval_cache import DATA, SPLITS, K, Retriever, agrees, metadata_vocab
 from ragtoll.proxy.cache.audit import wilson
 from ragtoll.proxy.cache.embedders import CachedEmbedder, LocalEmbedder, LocalModel
 from ragtoll.proxy.cache.evidence import EvidenceCache, Lookup, Query
-from ragtoll.proxy.core.verify import PAIR_FEATURES, Calibration, Features, pair_features
+from ragtoll.proxy.core.verify import INTENT_FLOOR, PAIR_FEATURES, Calibration, Features, pair_features
 from ragtoll.proxy.model import Principal
 from ragtoll.proxy.stores.evidence import Entry
 from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
 
 OUT = pathlib.Path(__file__).parent.parent / "proxy" / "data" / "cache_verifier.json"
 # [similarity, content overlap]: candidates below either are never considered (--similarity-floor, --intent-floor)
-FLOORS = [0.85, 0.5]  # the configured similarity and the vetoes' own overlap floor
+FLOORS = [0.85, INTENT_FLOOR]  # the configured similarity and the vetoes' own overlap floor
 BOUNDS = [0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.15, 0.2, 1.0]  # 1.0: the vetoes alone
 MAX_WRONG_UPPER = 0.01
+REGULARISATION = [1.0]  # scikit-learn's C (--C)
 DUMMY = Calibration(PAIR_FEATURES, (0.0,) * len(PAIR_FEATURES), (1.0,) * len(PAIR_FEATURES),
                     (0.0,) * len(PAIR_FEATURES), 0.0)
 
@@ -100,12 +103,34 @@ def intent(q: dict[str, Any]) -> str:
     return json.dumps([q["domain"], q["intent"]], sort_keys=True)
 
 
+# The sign each feature's coefficient may take, fixed from what the feature means (P(right) rises with
+# similarity, shared words, the same order, a clear retrieval and a clear lead; falls with substituted
+# and added words); 0: free. With a few dozen wrong pairs to learn from, an unconstrained fit gives
+# some features the sign of noise (more shared order read as more wrong) and then refuses a pair
+# that differs by one synonym.
+SIGNS = {"similarity": 1, "overlap": 1, "containment": 1, "substituted": -1, "added": -1, "same_order": 1,
+         "margin": 1, "margin_known": 0, "gap": 1, "neighbours": 0}
+
+
 def fit(x: np.ndarray, y: np.ndarray) -> Calibration:
+    """L2-regularised logistic regression on standardised features, each coefficient held to its SIGNS."""
     scaler = StandardScaler().fit(x)
     scale = np.where(scaler.scale_ > 0, scaler.scale_, 1.0)
-    model = LogisticRegression(C=1.0, max_iter=2000).fit((x - scaler.mean_) / scale, y)
+    z = (x - scaler.mean_) / scale
+    t = 2.0 * y - 1.0
+
+    def loss(w: np.ndarray) -> tuple[float, np.ndarray]:
+        m = t * (z @ w[1:] + w[0])
+        p = expit(-m)  # the gradient's weight per pair
+        g = -(t * p)
+        grad = np.concatenate([[g.sum()], z.T @ g + w[1:] / REGULARISATION[0]])
+        return float(np.logaddexp(0.0, -m).sum() + (w[1:] ** 2).sum() / (2 * REGULARISATION[0])), grad
+
+    bounds = [(None, None)] + [(0, None) if SIGNS[n] > 0 else (None, 0) if SIGNS[n] < 0 else (None, None)
+                               for n in PAIR_FEATURES]
+    w = minimize(loss, np.zeros(len(PAIR_FEATURES) + 1), jac=True, method="L-BFGS-B", bounds=bounds).x
     return Calibration(PAIR_FEATURES, tuple(float(v) for v in scaler.mean_), tuple(float(v) for v in scale),
-                       tuple(float(v) for v in model.coef_[0]), float(model.intercept_[0]))
+                       tuple(float(v) for v in w[1:]), float(w[0]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,9 +138,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--similarity-floor", type=float, default=FLOORS[0])
     ap.add_argument("--intent-floor", type=float, default=FLOORS[1])
+    ap.add_argument("--C", type=float, default=REGULARISATION[0], help="inverse regularisation strength")
     ap.add_argument("--out", default=str(OUT))
     args = ap.parse_args(argv)
     FLOORS[:] = [args.similarity_floor, args.intent_floor]
+    REGULARISATION[:] = [args.C]
     splits = json.loads((DATA.parent / SPLITS).read_text())
     tuning = set(splits["tuning"])
     data = json.loads(DATA.read_text())

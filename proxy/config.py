@@ -592,7 +592,7 @@ class CacheConfig:
     # a semantic hit is served only when the calibrated model (proxy/data/cache_verifier.json) estimates
     # its probability of being wrong at most this; the audit tightens a route's bound when its live error
     # rate drifts above it. 1 turns the model off (the vetoes alone decide).
-    max_error: float = 0.01
+    max_error: float = 0.08
     # an entry older than this is served only with its source's version confirmed within it (a probe,
     # a push through the admin API, a response carrying it); per source: upstreams[].cache.max_staleness_s
     max_staleness_s: float = 300.0

@@ -13,6 +13,11 @@ lower 95% Wilson bound is above the scope's error bound (`cache.max_error` to be
 is halved (never below `MIN_ERROR`): fewer, safer semantic hits until the audits agree again. A
 tightened bound lives in the store like a raised threshold (as its complement, which only ever
 rises), so it too holds for every replica.
+
+Per entry, as vCache does per cached prompt: an audit that disagreed raises that entry's own
+similarity floor to just above the similarity it was served at (`ENTRY_STEP`), so the same paraphrase,
+or a farther one, never draws on it again while closer ones still may; the rest of the route keeps its
+threshold. Kept in the store under the route's scope and the entry's id (`entry_scope`), only raised.
 """
 
 from __future__ import annotations
@@ -29,10 +34,16 @@ WINDOW = 20
 MIN_SAMPLES = 5
 REFRESH_S = 2.0  # how stale a replica's view of a shared raised threshold may be
 MAX_SCOPES = 10_000  # scopes whose threshold a replica remembers (least recently used dropped)
-MAX_ERROR = 0.02  # config.CacheConfig.max_error's default
+MAX_ERROR = 0.08  # config.CacheConfig.max_error's default
 ERROR_WINDOW = 200  # audits per scope the live error rate is estimated over
 MIN_ERROR = 0.001  # a bound is never tightened below this
 BOUND = "#max_error"  # suffix of the store key that keeps a scope's tightened bound (as 1 - bound)
+ENTRY = "#entry:"  # infix of the store key that keeps one entry's own similarity floor
+ENTRY_STEP = 0.005  # how far above a disagreeing serve's similarity an entry's floor is raised
+
+
+def entry_scope(scope: str, entry_id: str) -> str:
+    return scope + ENTRY + entry_id
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -116,6 +127,10 @@ class Auditor:
         """The error bound a lookup in `scope` serves under: `max_error`, or tighter when audits said so."""
         return max(MIN_ERROR, 1.0 - await self._read(scope + BOUND, 1.0 - self.max_error))
 
+    async def entry_floor(self, scope: str, entry_id: str) -> float:
+        """The similarity a candidate needs to draw on this entry: 0, or above a serve an audit found wrong."""
+        return await self._read(entry_scope(scope, entry_id), 0.0)
+
     def bound_now(self, scope: str) -> float:
         """This replica's current view of `scope`'s bound (no I/O)."""
         known = self._known.get(scope + BOUND)
@@ -131,10 +146,18 @@ class Auditor:
     def sample(self) -> bool:
         return self.fraction > 0 and self._rng.random() < self.fraction
 
-    async def record(self, scope: str, result: Agreement) -> float | None:
+    async def record(self, scope: str, result: Agreement, entry_id: str | None = None,
+                     similarity: float | None = None) -> float | None:
         """Count one audit; returns the new threshold when this audit raised it (for every replica).
-        The audit also counts towards the scope's live error rate, which may tighten its bound."""
+        The audit also counts towards the scope's live error rate, which may tighten its bound, and a
+        disagreement raises the served entry's own floor above `similarity`."""
         await self._judge_error(scope, not result.agrees)
+        if not result.agrees and entry_id is not None and similarity is not None:
+            key = entry_scope(scope, entry_id)
+            floor = min(1.0, similarity + ENTRY_STEP)
+            if self.store is not None:
+                floor = await self.store.raise_threshold(key, floor)
+            self._remember(key, floor, self._clock())
         window = self._recent.setdefault(scope, deque(maxlen=WINDOW))
         window.append(result.agrees)
         if len(window) < MIN_SAMPLES or sum(window) / len(window) >= self.target:

@@ -119,6 +119,11 @@ def private_key(qkey: str, owner: str) -> str:
     return f"{qkey}.{owner[:32]}"
 
 
+def audit_id(pkey: str, query: str) -> str:
+    """An entry's id for its own audit floor (audit.Auditor.entry_floor): its partition and query."""
+    return xxhash.xxh3_64_hexdigest(f"{pkey}\x00{query}".encode("utf-8", "surrogatepass"))
+
+
 def entry_key(qkey: str, scope: tuple[str, ...] | None) -> str:
     """Where an entry is filed: per fetcher view when the upstream filters by caller."""
     if scope is None:
@@ -276,6 +281,10 @@ class EvidenceCache:
                 if why == "stale:version":
                     return
                 continue
+            if cand.query != lk.norm and sim < await self.auditor.entry_floor(lk.partition.source,
+                                                                              audit_id(pkey, cand.query)):
+                lk.reason, lk.similarity = "audit:entry", sim  # an audit found this entry wrong this far out
+                continue  # read last: one store read (memoised for REFRESH_S) per candidate about to serve
             # the same text fetched under another (wider) view is an exact hit, not a paraphrase
             lk.entry, lk.tier, lk.similarity = cand, "exact" if cand.query == lk.norm else "semantic", sim
             return

@@ -205,6 +205,9 @@ GAZETTEER = frozenset(["europe", "us", "uk", "apac", "canada", "germany", "franc
 
 PERIOD_UNITS = {"hour": "period:hour", "day": "period:day", "week": "period:week", "month": "period:month",
                 "year": "period:year"}
+# Period units a query may name without stating one ("how many days", "hours flying"): without a number
+# they are what is asked for, not a facet of the answer (a stated "30 days" still must agree).
+BARE_PERIODS = frozenset(["minute", "hour", "day", "week", "month", "year"])
 
 # Canonical forms of common words: capitalised ("PTO", "Refund") they are still not names.
 SYNONYM_TARGETS = frozenset(SYNONYMS.values()) - GAZETTEER

@@ -25,7 +25,7 @@ _TOKEN = re.compile(r"\$?\d[\d,]*(?:\.\d+)?%?[a-z]*|[^\W\d_][\w'’-]*|[$€£%�
 _QUOTED = re.compile(r"\"([^\"]{1,200})\"|“([^”]{1,200})”|(?<!\w)'([^']{1,200})'(?!\w)")
 _NUMERIC = re.compile(r"^\$?(\d[\d,]*(?:\.\d+)?)(%?)([a-z]*)$")
 
-INTENT_FLOOR = 0.5  # share of content words two queries must have in common
+INTENT_FLOOR = 0.25  # share of content words two queries must have in common (chosen on the tuning domains)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +205,8 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
             else:
                 units.add(unit)
                 value("u:" + unit)  # "USD to EUR": currencies and units take from/to slots too
+                if unit in lx.BARE_PERIODS:
+                    sequence.append("u:" + unit)  # a content word if no number states a period (below)
             prev_lower = low
             continue
         if c in lx.DATES or low in lx.DATES:
@@ -231,6 +233,10 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
         value(c)
         if c in lx.GAZETTEER or c in vocab_set or (c not in lx.SYNONYM_TARGETS and _looks_like_name(tok, i, raw_tokens)):
             entities.add(c)
+    if numbers:
+        sequence = [w for w in sequence if not w.startswith("u:")]
+    else:  # "how many sick days", "hours flying": the period asked for, a content word, not a stated unit
+        units -= lx.BARE_PERIODS
     order = tuple((group, frozenset(segments[k]), frozenset(segments[k + 1])) for k, group in enumerate(links))
     return Features(quoted, frozenset(numbers), frozenset(units), frozenset(dates), negated,
                     frozenset(directions), tuple(sorted(set(roles))), frozenset(entities), frozenset(sequence),
@@ -258,7 +264,7 @@ def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (
         return "order"
     if _role_swap(a.spine, b.spine):
         return "role"
-    if a.entities != b.entities:
+    if (a.entities ^ b.entities) - (a.content & b.content):  # "Acme" capitalised first in one query only
         return "entity"
     if a.focus and b.focus and a.focus != b.focus:
         return "question"

@@ -29,7 +29,7 @@ from ..adapters.fields import get_path
 from ..cache import acl, calibration
 from ..cache.audit import Auditor, compare
 from ..cache.embedders import Embedder, make_embedder
-from ..cache.evidence import EvidenceCache, Filing, Lookup, Query, age_of
+from ..cache.evidence import EvidenceCache, Filing, Lookup, Query, age_of, audit_id
 from ..cache.flights import FAILED, GONE, MAX_FAILURES, UNFILED
 from ..cache.partition import Partition, selector
 from ..cache.replies import metadata_words, trim_results
@@ -415,7 +415,8 @@ class CacheStage(Stage):
                     span.set_attribute(sc.CACHE_REASON, f"audit:upstream_{status}")
                     return
                 result = compare(hit.entry.chunk_ids, [c.id for c in chunks], ex.call.top_k)
-                raised = await self.auditor.record(lk.partition.source, result)
+                raised = await self.auditor.record(lk.partition.source, result,
+                                                   audit_id(lk.partition.key, hit.entry.query), hit.similarity)
                 attrs: dict[str, Any] = {sc.CACHE_AUDIT_SAME_TOP: result.same_top,
                                          sc.CACHE_AUDIT_OVERLAP: round(result.overlap, 4),
                                          sc.CACHE_AUDIT_AGREES: result.agrees,

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 # A threshold the self-audit raised: kept as long, renewed by every further raise.
 THRESHOLD_TTL_S = VERSION_TTL_S
+# Raised thresholds, bounds and entry floors kept at most (each disagreeing audit may add an entry's
+# floor): past this the least recently raised is forgotten, and may be raised again by a later audit.
+MAX_THRESHOLDS = 100_000
 
 _V = TypeVar("_V")
 
@@ -45,7 +48,7 @@ class MemoryEvidenceStore:
         self._bytes = 0
         # source -> ((its version fields, the values seen per channel -> when first seen), expiry)
         self._sources: dict[str, tuple[tuple[dict[str, str], dict[str, dict[str, float]]], float]] = {}
-        self._thresholds: dict[str, tuple[float, float]] = {}
+        self._thresholds: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -184,6 +187,9 @@ class MemoryEvidenceStore:
         current = await self.get_threshold(scope)
         value = threshold if current is None else max(current, threshold)
         self._thresholds[scope] = (value, self._clock() + THRESHOLD_TTL_S)
+        self._thresholds.move_to_end(scope)
+        while len(self._thresholds) > MAX_THRESHOLDS:
+            self._thresholds.popitem(last=False)
         return value
 
     def _unexpired(self, table: dict[str, tuple[_V, float]], key: str) -> _V | None:

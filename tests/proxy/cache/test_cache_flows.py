@@ -373,3 +373,49 @@ async def test_a_candidate_over_the_error_bound_is_refused_and_says_why(model: L
         if not served:
             assert lk.reason == "verify:error_bound"
         assert (await ask(cache, "refund window for annual pro plans")).hit  # the exact tier is never judged
+
+
+async def test_the_shipped_model_reads_each_feature_the_way_it_means(model: LocalModel) -> None:
+    # issue 33: fitted with each coefficient held to its sign, so a rewording by one synonym over a clearly
+    # led retrieval is served at the default bound, and more substituted words never lower P(wrong)
+    from ragtoll.proxy.cache import calibration
+    from ragtoll.proxy.core.verify import features, pair_features
+
+    shipped = calibration.shipped()
+    assert shipped is not None
+    signs = dict(zip(shipped.names, shipped.coef, strict=True))
+    assert min(signs["similarity"], signs["overlap"], signs["containment"], signs["same_order"], signs["margin"],
+               signs["gap"]) >= 0 and max(signs["substituted"], signs["added"]) <= 0
+    bound = config.CacheConfig().max_error
+    cache = make(model, calibration=shipped, auditor=Auditor(0.0, 0.85, max_error=bound))
+    await fill(cache, "refund window for annual pro plans", ["a", "b", "c"], scores=[0.9, 0.6, 0.5])
+    lk = await ask(cache, "refund window for yearly pro plans")
+    assert lk.hit and lk.tier == "semantic" and lk.p_wrong is not None and lk.p_wrong <= bound
+    cached = features("refund window for annual pro plans")
+    one = pair_features(cached, features("refund window for yearly pro plans"), 0.95, 1.0)
+    two = pair_features(cached, features("cancellation window for yearly pro plans"), 0.95, 1.0)
+    assert shipped.p_wrong(two) >= shipped.p_wrong(one)
+
+
+# Issue 33, per entry as vCache does: an audit that found a served entry wrong raises that entry's own
+# floor above the similarity it was served at, for every replica on the store; the route's other
+# entries, and the entry's exact hits, are untouched.
+async def test_a_wrong_audit_raises_the_served_entrys_own_floor(model: LocalModel) -> None:
+    from ragtoll.proxy.cache.evidence import audit_id
+
+    store = MemoryEvidenceStore()
+    cache = EvidenceCache(store, embedder=CachedEmbedder(LocalEmbedder(model)), similarity=0.85,
+                          auditor=Auditor(0.0, 0.85, target=0.0))
+    await fill(cache, "refund window for annual pro plans", ["a"])
+    await fill(cache, "baggage allowance for flights to Paris", ["b"])
+    served = await ask(cache, "refund window for yearly pro plans")
+    assert served.hit and served.tier == "semantic" and served.entry is not None
+    entry = audit_id(served.partition.key, served.entry.query)
+    await cache.auditor.record(served.partition.source, compare(["a"], ["z"], 1), entry, served.similarity)
+    again = await ask(cache, "refund window for yearly pro plans")
+    assert not again.hit and again.reason == "audit:entry"
+    assert (await ask(cache, "refund window for annual pro plans")).tier == "exact"
+    other = await ask(cache, "luggage allowance for flights to Paris")
+    assert other.hit and other.tier == "semantic"
+    replica = Auditor(0.0, 0.85, store=store)  # another replica on the store reads the same floor
+    assert await replica.entry_floor(served.partition.source, entry) > served.similarity

@@ -198,3 +198,33 @@ def test_the_same_direction_and_roles_in_other_words_pass_these_checks(a: str, b
 def test_what_a_question_asks_for_must_agree(a: str, b: str, refused: str) -> None:
     assert verify(features(a), features(b), 0.9, intent_floor=0.25) == refused
     assert verify(features(b), features(a), 0.9, intent_floor=0.25) == refused
+
+
+# Issue 33: a word capitalised in one query only (first word, or not) is the same word, not a name the
+# other query lacks; a name the other query does not have at all still refuses.
+@pytest.mark.parametrize(("a", "b", "refused"), [
+    ("Acme backup schedule for servers", "how often does acme back up servers", None),
+    ("Kelvox plan refund window", "refund window for the Kelvox plan", None),
+    ("Kelvox plan refund window", "refund window for the Dramid plan", "entity"),
+    ("Nova X20 battery life", "battery life of the Nova X10", "entity"),
+])
+def test_a_name_is_compared_as_a_word_not_by_its_capital(a: str, b: str, refused: str | None) -> None:
+    assert check(a, b) == refused
+    assert check(b, a) == refused
+
+
+# A period named without a number is what the query asks for ("how many sick days"), a content word,
+# not a stated unit; a stated one ("30 days") must still agree, and a bare period that is the whole
+# difference between two queries is a minimal pair. Worst case, written down: "how many days of
+# notice" and "how many weeks of notice" share an entry (the same notice-period evidence answers both).
+@pytest.mark.parametrize(("a", "b", "refused"), [
+    ("how many sick days do part-time staff have", "sick leave for part-time employees", None),
+    ("hours flying from Tokyo to Sydney", "flight time from Tokyo to Sydney", None),
+    ("how many days of notice", "how many weeks of notice", None),
+    ("refund within 30 days", "refund within 30 weeks", "unit"),
+    ("refund within 30 days", "refund within days", "number"),
+    ("months of storage included with the pro plan", "years of storage included with the pro plan", "swap"),
+])
+def test_a_period_asked_for_is_not_a_stated_one(a: str, b: str, refused: str | None) -> None:
+    assert check(a, b) == refused
+    assert check(b, a) == refused

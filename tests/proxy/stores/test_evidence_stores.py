@@ -119,6 +119,20 @@ async def test_raised_thresholds_only_go_up(store: MemoryEvidenceStore) -> None:
     assert await store.get_threshold(scope) == pytest.approx(0.93) and await store.get_threshold(pk()) is None
 
 
+async def test_the_memory_store_keeps_a_bounded_number_of_raised_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    # each disagreeing audit may add an entry's own floor (issue 33): the least recently raised goes first
+    from ragtoll.proxy.stores import evidence_memory
+
+    monkeypatch.setattr(evidence_memory, "MAX_THRESHOLDS", 3)
+    store = MemoryEvidenceStore()
+    for scope in ("route", "e1", "e2"):
+        await store.raise_threshold(scope, 0.9)
+    await store.raise_threshold("route", 0.95)  # raised again: the most recent
+    await store.raise_threshold("e3", 0.9)
+    assert await store.get_threshold("e1") is None
+    assert [await store.get_threshold(s) for s in ("route", "e2", "e3")] == [0.95, 0.9, 0.9]
+
+
 async def test_redis_keys_share_the_partition_hash_tag_and_all_expire(redis_url: str) -> None:
     store = RedisEvidenceStore.from_url(redis_url, max_partition_entries=3)
     client = aioredis.Redis.from_url(redis_url)

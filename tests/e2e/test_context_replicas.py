@@ -6,13 +6,15 @@ resent only when that replica sent it before."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
 import httpx
 import orjson
 import pytest
-from conftest import ProxyFactory, Upstream
+from conftest import ProxyFactory, Telemetry, Upstream
+from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy.tools import report
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "What is our refund policy?"}]}
@@ -89,3 +91,23 @@ def test_the_context_and_evidence_numbers_are_whole_and_resending_is_found_per_r
     assert ev["resent_tokens"] > 0 and ev["prompt_tokens"] == 2 * ev["resent_tokens"]
     row = report.overall([report.parse_record(record, "end")])
     assert (row.evidence_chars_saved, row.evidence_tokens_resent) == (ctx["evidence_chars_saved"], ev["resent_tokens"])
+
+
+def test_a_refused_call_rewrites_nothing_in_the_ledger_and_the_ledger_wins(proxy: ProxyFactory, telemetry: Telemetry,
+                                                                            admin_token: str) -> None:
+    """One replica, the memory store: the call the budget refuses got its cache key (the context
+    stage runs before the budget) but never settles, so the record, built from the ledger, counts
+    the one call that went upstream; this replica's own tally (two keys) is only a fallback."""
+    task = f"refused-{uuid.uuid4().hex}"
+    budgets = {"default_profile": "p", "profiles": {"p": {"max_steps": 1}}}
+    with proxy(budgets=budgets, context={"prompt_cache_key": "task"}) as base, httpx.Client(timeout=10) as http:
+        codes = [http.post(f"{base}/openai/v1/chat/completions", json=CHAT,
+                           headers={"x-ragtoll-task-id": task}).status_code for _ in range(2)]
+        record = _end(http, base, task, admin_token)
+    assert codes[0] == 200 and codes[1] >= 400  # refused (the route's reject status)
+    deadline = time.monotonic() + 5  # a call span ends as its response does: wait for both
+    while len(keyed := [s for s in telemetry.spans() if (s.attributes or {}).get(sc.CONTEXT_CACHE_KEY)]) < 2 \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(keyed) == 2  # both calls got the key
+    assert (record["context"]["cache_keys_set"], record["context"]["llm_calls"]) == (1, 1)

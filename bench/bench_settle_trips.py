@@ -22,11 +22,11 @@ import httpx
 import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from ragtoll.proxy import config  # noqa: E402
-from ragtoll.proxy.app import build_app  # noqa: E402
-from support.redis_server import start_redis  # noqa: E402
-from support.servers import serve_in_thread  # noqa: E402
-from support.upstream import UpstreamApp  # noqa: E402
+from ragtoll.proxy import config
+from ragtoll.proxy.app import build_app
+from support.redis_server import start_redis
+from support.servers import serve_in_thread
+from support.upstream import UpstreamApp
 
 QUERY = "refund policy for annual plans in the enterprise tier"
 

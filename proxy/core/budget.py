@@ -134,6 +134,9 @@ class Actual:
     # prompt cache served and what it wrote: kept in the ledger, so a record is whole across replicas
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
+    # the call's additions to the task's context-economy numbers, (ledger name, amount) pairs
+    # (core/tally.py): added to the ledger with the rest, so they too count every replica's calls
+    tallies: tuple[tuple[str, int], ...] = ()
 
 
 def first_exceeded(limits: Mapping[str, int], ledger: Ledger, charge: Charge, new_query: bool,

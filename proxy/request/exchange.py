@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from ..core.tally import Tallies
 from ..model import Call, Observation, TaskRef
 
 if TYPE_CHECKING:  # value types of the rooms below; annotations only, so nothing loads at import
@@ -102,6 +103,9 @@ class Exchange:
     new_chunks: int | None = None  # a retrieval read whole: how many of its chunks are new to the task
     budget_left: dict[str, float] | None = None  # what the task had left when this call was admitted (budget)
     settlement: Settlement | None = None  # what the task's ledger was finally charged for this call
+    # the call's additions to its task's context-economy numbers (context and evidence stages);
+    # the budget settles them into the task's ledger with the call
+    tallies: Tallies = field(default_factory=Tallies)
     degraded: str | None = None  # why the budget did not apply (store trouble, on_store_error: open)
     # an admission while the store's answer was unknown: `local` (the local ledger bounded it) or
     # `none` (nothing did); metrics count it (ragtoll.budget.degraded_admissions)

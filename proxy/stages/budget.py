@@ -96,9 +96,10 @@ class BudgetStage(Stage):
         reads="task caller proposal call body route headers span timeouts",
         writes="admission stream_state budget_record body timeouts timeout_error degraded degraded_bound outcome "
                "response_headers budget_left",
-        response_reads="admission stream_state budget_record task call observation route target span",
+        # `tallies`: the call's context-economy counts, settled with it (a retrieval may settle in on_response)
+        response_reads="admission stream_state budget_record task call observation route target span tallies",
         response_writes="new_chunks settlement stream_state budget_record gate",
-        end_reads="admission stream_state budget_record settlement task call observation status span route",
+        end_reads="admission stream_state budget_record settlement task call observation status span route tallies",
         end_writes="settlement budget_record")
 
     def __init__(self, settings: Settings, store: Breaker, *, hmac_key: bytes | None,
@@ -552,9 +553,9 @@ class BudgetStage(Stage):
         if adm.charge.cache_hit:  # charged as a call; its chunks are the task's evidence all the same
             verdict = self._judge(ex, adm) if chunks is not None else None
             return Actual(chunk_ids=chunks, fruitful=verdict.fruitful if verdict else None,
-                          evidence=verdict.evidence if verdict else False), verdict
+                          evidence=verdict.evidence if verdict else False, tallies=ex.tallies.ledger_counts()), verdict
         if ex.status is None or ex.status >= 400:  # no answer, or an error answer: nothing was produced
-            return Actual(), None
+            return Actual(tallies=ex.tallies.ledger_counts()), None  # what the rewrites sent still counts
         u = obs.usage
         context = u.input_tokens if u and u.input_tokens is not None else res.context_tokens
         # ragtoll stopped reading the answer (inspection.Inspector) or could not read the request
@@ -574,11 +575,12 @@ class BudgetStage(Stage):
         if adm.charge.completion_reserve == 0:
             context, completion = 0, 0  # not an LLM call: its tokens are not the task's context
         chunk_ids = tuple(ch.id for ch in obs.chunks or ()) if retrieved else None
-        cached, writes = ((u.cached_input_tokens or 0, u.cache_write_tokens or 0)
-                          if u and adm.charge.completion_reserve else (0, 0))
+        llm = u is not None and adm.charge.completion_reserve > 0
+        cached, writes = (u.cached_input_tokens or 0, u.cache_write_tokens or 0) if u and llm else (0, 0)
+        tallies = ex.tallies.ledger_counts(llm_input_tokens=(u.input_tokens or 0) if u and llm else 0)
         return Actual(context, completion, cost, chunk_ids, verdict.fruitful if verdict else None,
                       evidence=verdict.evidence if verdict else False, finished=adm.finished is not None,
-                      cached_input_tokens=cached, cache_write_tokens=writes), verdict
+                      cached_input_tokens=cached, cache_write_tokens=writes, tallies=tallies), verdict
 
     def _cost(self, ex: Exchange, reserved: int) -> int:
         """The tokens used, at the model's price or else at `pricing.default` (an estimate); the

@@ -9,10 +9,11 @@ earlier copy, and (opt-in) the prompt ends with a note of what the task has left
 routes it cuts results (adaptive depth) and, opt-in, widens a task's search after a weak first
 pass. It runs before the budget, which then charges the call as it will be sent.
 
-Per task (process-local, like the evidence stage's landfill count; dropped when the task ends)
-it adds up the upstream's input usage, so the task record says what share of the input the
-provider served from its cache and how much evidence was not sent again. It never answers or
-fails a call: a body it cannot read goes on as it came.
+What each call's rewrites did it counts on the exchange (`tallies`), which the budget settles
+into the task's ledger with the call, so the task record's `context` object covers every
+replica's calls; it also keeps the same numbers per task in this process (dropped when the task
+ends), the record's fallback when the store holds none. It never answers or fails a call: a body
+it cannot read goes on as it came.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ragtoll.instrumentation import semconv as sc
 
 from ..config import CACHE_KEY_HOSTS, ContextRoute, Settings
 from ..core import context
+from ..core.tally import Tallies, context_record
 from ..model import Call
 from ..request.exchange import Exchange, Stage, contract
 
@@ -61,13 +63,14 @@ class Tally:
     budget_left: dict[str, float] | None = None  # as the budget said on the task's latest call
 
     def record(self) -> dict[str, Any]:
-        share = round(self.cached_input_tokens / self.input_tokens, 4) if self.input_tokens else None
-        return {"llm_calls": self.llm_calls, "input_tokens": self.input_tokens,
-                "cached_input_tokens": self.cached_input_tokens, "cache_write_tokens": self.cache_write_tokens,
-                "cached_input_share": share, "cache_keys_set": self.cache_keys_set,
-                "breakpoints_added": self.breakpoints_added, "chunks_referenced": self.chunks_referenced,
-                "evidence_chars_saved": self.evidence_chars_saved, "results_trimmed": self.results_trimmed,
-                "searches_widened": int(self.widen == "done"), "budget_notes": self.budget_notes}
+        return context_record({"llm_calls": self.llm_calls, "input_tokens": self.input_tokens,
+                               "cached_input_tokens": self.cached_input_tokens,
+                               "cache_write_tokens": self.cache_write_tokens, "cache_keys_set": self.cache_keys_set,
+                               "breakpoints_added": self.breakpoints_added,
+                               "chunks_referenced": self.chunks_referenced,
+                               "evidence_chars_saved": self.evidence_chars_saved,
+                               "results_trimmed": self.results_trimmed,
+                               "searches_widened": int(self.widen == "done"), "budget_notes": self.budget_notes})
 
 
 def _policy_key(settings: Settings, policy: ContextRoute, url: str) -> str:
@@ -77,15 +80,23 @@ def _policy_key(settings: Settings, policy: ContextRoute, url: str) -> str:
     return mode
 
 
+def _count(t: Tally | Tallies, rewrite: context.Rewrite) -> None:
+    t.cache_keys_set += rewrite.cache_key is not None
+    t.breakpoints_added += rewrite.breakpoints_added
+    t.chunks_referenced += rewrite.chunks_referenced
+    t.evidence_chars_saved += rewrite.chars_saved
+    t.budget_notes += rewrite.note_chars > 0
+
+
 class ContextStage(Stage):
     contract = contract(reads="route method target headers call body task caller span proposal filing",
                         # a widened search's miss is filed under the top_k it asked for (filing.lookup)
-                        writes="body call filing",
+                        writes="body call filing tallies",
                         # adaptive depth also narrows `observation.chunks` to the results passed on, for
                         # the stages after it (budget, evidence); the cache before it files the whole
                         # answer on purpose (a cache hit is passed on whole: no trimming on hits)
                         response_reads="route call observation response_body task span",
-                        response_writes="response_body response_headers",
+                        response_writes="response_body response_headers tallies",
                         end_reads="task status call observation span budget_left")
 
     def __init__(self, settings: Settings) -> None:
@@ -119,13 +130,9 @@ class ContextStage(Stage):
             return
         if rewrite.chunks_referenced or rewrite.note_chars:  # the budget charges the prompt as sent
             ex.call = ex.route.adapter.parse_request(ex.method, ex.target.split("?", 1)[0], ex.headers, ex.body)
-        tally = self._task(ex.task.id) if ex.task is not None else None
-        if tally is not None:
-            tally.cache_keys_set += rewrite.cache_key is not None
-            tally.breakpoints_added += rewrite.breakpoints_added
-            tally.chunks_referenced += rewrite.chunks_referenced
-            tally.evidence_chars_saved += rewrite.chars_saved
-            tally.budget_notes += rewrite.note_chars > 0
+        _count(ex.tallies, rewrite)  # the call's: settled into the task's ledger
+        if ex.task is not None:
+            _count(self._task(ex.task.id), rewrite)  # this process's
         if ex.span is not None:
             attrs: dict[str, Any] = {sc.CONTEXT_REWRITE_US: round((time.perf_counter() - started) * 1e6, 1)}
             if rewrite.cache_key is not None:
@@ -203,6 +210,7 @@ class ContextStage(Stage):
         ex.body = body
         ex.call = ex.route.adapter.parse_request(ex.method, ex.target.split("?", 1)[0], ex.headers, body)
         tally.widen, tally.widened = "done", ex.call
+        ex.tallies.searches_widened = 1
         if ex.filing is not None and ex.filing.lookup is not None:
             # the cache files this miss as the answer to the top_k it asked for, so it serves a
             # later search for fewer results trimmed, as it does any larger answer
@@ -237,6 +245,7 @@ class ContextStage(Stage):
             return
         ex.response_body = body
         ex.observation.chunks = chunks[:keep]
+        ex.tallies.results_trimmed = len(chunks) - keep
         if ex.task is not None:
             self._task(ex.task.id).results_trimmed += len(chunks) - keep
         self._depth(ex, keep, len(chunks), reason)
@@ -283,9 +292,10 @@ class ContextStage(Stage):
             ex.span.set_attribute(sc.CONTEXT_CACHED_SHARE, round((u.cached_input_tokens or 0) / u.input_tokens, 4))
 
     def annotate(self, record: dict[str, Any]) -> None:
-        """A task ended: its record gets the task's `context` numbers (before it is written)."""
+        """A task ended: its record's `context` object is the task ledger's (every replica's calls,
+        `task_record`); where the ledger holds none, this process's numbers (before it is written)."""
         tally = self._tasks.get(str(record.get("task_id")))
-        if tally is not None:
+        if tally is not None and record.get("context") is None:
             record["context"] = tally.record()
 
     def on_task_end(self, task_id: str) -> None:

@@ -5,9 +5,11 @@ earlier, and how many of those were already sent in an earlier prompt (the conte
 each LLM answer (text, no tool call), how grounded it is in the chunks the task retrieved
 (core/grounding.py). The task record gets the last answer's groundedness and the task's landfill.
 
-The landfill count and the grounding index are process-local (a bounded LRU of recent tasks, each dropped when its task
-ends, within MAX_TOTAL_FINGERPRINTS across tasks), so behind several replicas a task's numbers cover the calls this replica saw. It never
-answers or fails a call.
+The fingerprint sets the landfill is counted against and the grounding index are process-local (a bounded LRU of
+recent tasks, each dropped when its task ends, within MAX_TOTAL_FINGERPRINTS across tasks): a call's evidence is found
+only among the chunks this replica saw retrieved, and counted as resent only when this replica sent it before. Each
+call's counts go on the exchange (`tallies`), which the budget settles into the task's ledger, so the record sums every
+replica's calls. It never answers or fails a call.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class _Seen:
 
 class EvidenceStage(Stage):
     contract = contract(response_reads="observation new_chunks response_headers",
-                        end_reads="task status call observation span")
+                        end_reads="task status call observation span", end_writes="tallies")
 
     def __init__(self) -> None:
         self._tasks: OrderedDict[str, _Seen] = OrderedDict()
@@ -96,6 +98,7 @@ class EvidenceStage(Stage):
                 self._grow(ex.task.id, "sent", m.sent)
                 seen.prompt_tokens += m.evidence_tokens
                 seen.resent_tokens += m.duplicate_tokens
+                ex.tallies.prompt_tokens, ex.tallies.resent_tokens = m.evidence_tokens, m.duplicate_tokens
                 attrs = {sc.EVIDENCE_PROMPT_TOKENS: m.evidence_tokens, sc.EVIDENCE_DUPLICATE_TOKENS: m.duplicate_tokens}
             obs = ex.observation
             if obs.output_text and not obs.tool_calls:  # an answer, not a step: how grounded is it
@@ -111,11 +114,13 @@ class EvidenceStage(Stage):
                 ex.span.set_attributes(attrs)
 
     def annotate(self, record: dict[str, Any]) -> None:
-        """A task ended: its record gets the last answer's groundedness and the task's evidence numbers."""
+        """A task ended: its record gets the last answer's groundedness and the task's evidence
+        numbers; the evidence token counts are the task ledger's (every replica's calls,
+        `task_record`) where it holds them, else this process's."""
         seen = self._tasks.get(str(record.get("task_id")))
         if seen is not None:
             record["groundedness"] = seen.grounding.share if seen.grounding is not None else None
-            record["evidence"] = seen.record()
+            record["evidence"] = {**seen.record(), **(record.get("evidence") or {})}
 
     def on_task_end(self, task_id: str) -> None:
         self._drop(task_id)

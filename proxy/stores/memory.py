@@ -156,7 +156,7 @@ class MemoryStore:
                             ("cost_nusd", actual.cost_nusd - reservation.cost_nusd),
                             ("finished", 1 if actual.finished else 0),
                             ("cached_input_tokens", actual.cached_input_tokens),
-                            ("cache_write_tokens", actual.cache_write_tokens)):
+                            ("cache_write_tokens", actual.cache_write_tokens), *actual.tallies):
             if delta:
                 c[name] = c.get(name, 0) + delta
         if actual.chunk_ids is not None:

@@ -197,7 +197,7 @@ class RedisStore:
             actual.completion_tokens - reservation.completion_tokens, actual.cost_nusd - reservation.cost_nusd,
             _chunks_arg(actual), reservation.id, actual.context_tokens, actual.completion_tokens,
             actual.cost_nusd, 1 if actual.finished else 0, actual.cached_input_tokens, actual.cache_write_tokens,
-            *(actual.chunk_ids or ()),
+            " ".join(f"{name} {n}" for name, n in actual.tallies), *(actual.chunk_ids or ()),
         ]
         out = await self._run(self._settle, (h, c, q, holds_key(task_id)), args)
         if not out:

@@ -21,6 +21,7 @@ import orjson
 
 from ..config import DEFAULT_RECORDS_KEEP, DEFAULT_RECORDS_MAX_BYTES
 from ..core.budget import Ledger, usd
+from ..core.tally import ledger_context, ledger_evidence
 from ..redact import redact
 
 log = logging.getLogger("ragtoll.records")
@@ -39,7 +40,7 @@ def _iso(ms: int) -> str | None:
 def task_record(ledger: Ledger, *, ended_ms: int, end_reason: str, outcome: Mapping[str, Any] | None) -> dict[str, Any]:
     """The record of an ended task. Keys are a contract (report and demo read them); add, never rename."""
     c = ledger.counters
-    return {
+    record: dict[str, Any] = {
         "task_id": ledger.task_id,
         "profile": ledger.profile,
         "class": ledger.cls or None,
@@ -74,6 +75,12 @@ def task_record(ledger: Ledger, *, ended_ms: int, end_reason: str, outcome: Mapp
         "cached_input_tokens": c.get("cached_input_tokens", 0),
         "cache_write_tokens": c.get("cache_write_tokens", 0),
     }
+    # the context-economy numbers every replica's calls settled (core/tally.py); absent when the
+    # ledger holds none, and then the ending replica's own (the stages' `annotate`)
+    for key, found in (("context", ledger_context(c)), ("evidence", ledger_evidence(c))):
+        if found is not None:
+            record[key] = found
+    return record
 
 
 class RecordSink(Protocol):

@@ -5,7 +5,9 @@
 --         | e fruitful evidence for the task's question (what lets it climb: escalate.lua)
 --       7 reservation id ('' = none) 8 context 9 completion 10 cost (actual use)
 --       11 finished by ragtoll (0|1: on_exhausted: finish rewrote the call) 12 cached input tokens
---       13 cache write tokens (an LLM call's, as the upstream reported them) 14.. chunk ids
+--       13 cache write tokens (an LLM call's, as the upstream reported them)
+--       14 the call's context-economy counts, 'name n name n ...' ('' = none; core/tally.py)
+--       15.. chunk ids
 -- Returns false when the task is gone (ended meanwhile), else HGETALL of the task hash (unchanged
 -- when the reservation is no longer in flight: settled already, or cancelled).
 local h, c, q, r = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -28,6 +30,7 @@ end
 local deltas = {{'context_tokens', d_ctx}, {'completion_tokens', d_comp}, {'cost_nusd', d_cost}, {'inflight', -1},
                 {'finished', tonumber(ARGV[11])}, {'cached_input_tokens', tonumber(ARGV[12])},
                 {'cache_write_tokens', tonumber(ARGV[13])}}
+for name, n in string.gmatch(ARGV[14], '(%S+) (%-?%d+)') do deltas[#deltas + 1] = {name, tonumber(n)} end
 for _, d in ipairs(deltas) do
   if d[2] ~= 0 then redis.call('HINCRBY', h, d[1], d[2]) end
 end
@@ -35,7 +38,7 @@ if tonumber(redis.call('HGET', h, 'inflight') or '0') < 0 then redis.call('HSET'
 if ARGV[6] ~= '0' then
   local added = 0
   local n = #ARGV
-  local i = 14
+  local i = 15
   while i <= n do  -- SADD in batches: Lua's unpack has a stack limit
     local j = math.min(i + 999, n)
     added = added + redis.call('SADD', c, unpack(ARGV, i, j))

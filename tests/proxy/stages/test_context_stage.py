@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 from ragtoll.proxy import config
 from ragtoll.proxy.stages.context import ContextStage
+from support.exchanges import Exchanges
 
 
 def _stage(context: dict[str, object] | None = None) -> ContextStage:
@@ -42,3 +44,20 @@ def test_a_bad_setting_names_its_field(context: dict[str, object], field: str) -
     an empty model prefix, which would put breakpoints on every model, is refused."""
     with pytest.raises(config.ConfigError, match=re.escape(field)):
         _stage(context)
+
+
+async def test_a_calls_rewrites_go_on_the_exchange_and_the_record_prefers_the_ledgers_sums() -> None:
+    """What a call's rewrites did goes on the exchange (`tallies`, settled into the task's ledger
+    by the budget) as well as into this process's tally; at the task's end a `context` object
+    already in the record (the ledger's: every replica's calls) stands, else this process's."""
+    xs = Exchanges(context={"prompt_cache_key": "task"})
+    stage = ContextStage(xs.settings)
+    ex = xs("openai", {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]})
+    await stage.on_request(ex)
+    assert ex.tallies.cache_keys_set == 1 and ex.tallies.ledger_counts() == (("context.cache_keys_set", 1),)
+    whole: dict[str, Any] = {"task_id": "task-1", "context": {"llm_calls": 7, "cache_keys_set": 7}}
+    stage.annotate(whole)
+    assert whole["context"] == {"llm_calls": 7, "cache_keys_set": 7}
+    own: dict[str, Any] = {"task_id": "task-1"}
+    stage.annotate(own)
+    assert own["context"]["cache_keys_set"] == 1 and own["context"]["cached_input_share"] is None

@@ -176,3 +176,24 @@ async def test_a_tool_call_is_a_step_not_an_answer_and_a_task_without_evidence_h
     untouched: dict[str, Any] = {"task_id": "other"}
     stage.annotate(untouched)
     assert untouched == {"task_id": "other"}  # it retrieved nothing: no evidence, no grade
+
+
+async def test_each_calls_counts_go_on_the_exchange_and_the_ledgers_sums_win_in_the_record() -> None:
+    """Each LLM call's evidence and resent tokens go on the exchange (`tallies`, which the budget
+    settles into the task's ledger). At the task's end the ledger's sums, which `task_record` put
+    in the record (every replica's calls), win over this process's; the rest is this process's."""
+    xs, stage = Exchanges(), EvidenceStage()
+    await retrieve(stage, xs)
+    calls = [xs("openai", chat(PASSAGES[0]), task="task-1") for _ in range(2)]
+    for ex in calls:
+        answer(ex, {"choices": [], "usage": {"prompt_tokens": 50, "completion_tokens": 1}})
+        await stage.on_end(ex)
+    first, second = (ex.tallies for ex in calls)
+    assert first.prompt_tokens == second.prompt_tokens == second.resent_tokens > 0 and first.resent_tokens == 0
+    whole: dict[str, Any] = {"task_id": "task-1", "evidence": {"prompt_tokens": 1000, "resent_tokens": 400}}
+    stage.annotate(whole)
+    assert (whole["evidence"]["prompt_tokens"], whole["evidence"]["resent_tokens"]) == (1000, 400)
+    assert whole["evidence"]["chunks_indexed"] == 3  # what only this replica holds
+    own: dict[str, Any] = {"task_id": "task-1"}  # the ledger held none: this process's numbers
+    stage.annotate(own)
+    assert own["evidence"]["prompt_tokens"] == 2 * first.prompt_tokens

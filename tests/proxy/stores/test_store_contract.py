@@ -15,6 +15,7 @@ import pytest
 from ragtoll.proxy.core import budget as bm
 from ragtoll.proxy.core.budget import Actual, Charge
 from ragtoll.proxy.core.hold import Grant
+from ragtoll.proxy.core.tally import Tallies, ledger_context, ledger_evidence
 from ragtoll.proxy.stores.base import SEEN_CHUNKS_CAP, Store, TaskMeta
 from ragtoll.proxy.stores.memory import MemoryStore
 from ragtoll.proxy.stores.redis import RedisStore
@@ -113,6 +114,44 @@ async def test_cache_reads_and_writes_add_up_in_the_ledger_once_per_call(store: 
     assert after is not None and after.chunks_seen == 2
     assert (after.used("context_tokens"), after.used("cached_input_tokens"), after.used("cache_write_tokens")) == (
         4100, 3328, 300)
+
+
+async def test_context_economy_counts_add_up_in_the_ledger_once_per_call(store: Store) -> None:
+    """A call's context-economy counts (core/tally.py) settle with it, so the record's `context`
+    and `evidence` objects sum every replica's calls; a retried settle adds nothing, and a
+    retrieval's counts and its chunk ids land together (settle.lua's ARGV 14, then the ids)."""
+    t = tid()
+    first = await store.reserve(t, META, {}, LLM, T0)
+    second = await store.reserve(t, META, {}, LLM, T0 + 1)
+    call = Tallies(cache_keys_set=1, chunks_referenced=2, evidence_chars_saved=900, prompt_tokens=120,
+                   resent_tokens=80)
+    actual = Actual(context_tokens=2000, cached_input_tokens=1536,
+                    tallies=call.ledger_counts(llm_input_tokens=2000))
+    await store.settle(t, first.reservation, actual, T0 + 2)
+    await store.settle(t, first.reservation, actual, T0 + 3)  # the retry
+    await store.settle(t, second.reservation, Actual(context_tokens=2100, tallies=Tallies(
+        cache_keys_set=1, breakpoints_added=2, budget_notes=1).ledger_counts(llm_input_tokens=2100)), T0 + 4)
+    search = await store.reserve(t, META, {}, Charge(retrieval_calls=1, query_key="q"), T0 + 5)
+    after = await store.settle(t, search.reservation, Actual(chunk_ids=("c1", "c2", "c3"), tallies=Tallies(
+        results_trimmed=4, searches_widened=1).ledger_counts()), T0 + 6)
+    assert after is not None and after.chunks_seen == 3 and after.used("last_new") == 3
+    ended = await store.end_task(t)
+    assert ended is not None
+    assert ledger_context(ended.counters) == {
+        "llm_calls": 2, "input_tokens": 4100, "cached_input_tokens": 1536, "cache_write_tokens": 0,
+        "cached_input_share": round(1536 / 4100, 4), "cache_keys_set": 2, "breakpoints_added": 2,
+        "chunks_referenced": 2, "evidence_chars_saved": 900, "results_trimmed": 4, "searches_widened": 1,
+        "budget_notes": 1}
+    assert ledger_evidence(ended.counters) == {"prompt_tokens": 120, "resent_tokens": 80}
+
+
+async def test_a_ledger_without_context_economy_counts_has_none(store: Store) -> None:
+    """A task whose calls settled no such count (a store written before they were kept, or no LLM
+    call and no rewrite) makes no `context` / `evidence` object: the ending replica's own stand."""
+    t = tid()
+    d = await store.reserve(t, META, {}, Charge(retrieval_calls=1, query_key="q"), T0)
+    after = await store.settle(t, d.reservation, Actual(chunk_ids=("c1",)), T0 + 1)
+    assert after is not None and ledger_context(after.counters) is None and ledger_evidence(after.counters) is None
 
 
 async def test_held_counters_follow_what_reservations_in_flight_hold(store: Store) -> None:

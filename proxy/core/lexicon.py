@@ -211,3 +211,6 @@ BARE_PERIODS = frozenset(["minute", "hour", "day", "week", "month", "year"])
 
 # Canonical forms of common words: capitalised ("PTO", "Refund") they are still not names.
 SYNONYM_TARGETS = frozenset(SYNONYMS.values()) - GAZETTEER
+
+# possessives of the asker: "my", "our" and the help desk's "your" name the same owner
+SELF_POSSESSIVES = frozenset(["my", "our", "your", "mine", "ours", "yours"])

@@ -2,7 +2,7 @@
 
 Pure. Similar embeddings are only a loose first cut ("annual plans" and "monthly plans" score 0.9);
 this module refuses a candidate unless numbers, units, dates and periods, negation, direction and
-comparison words, the roles of from/to/than, the order of the values around each connective ("from
+comparison words, the roles of from/to/than, whose thing it is ("my calendar" / "a coworker's calendar"), the order of the values around each connective ("from
 X to Y", "X to Y", "X → Y", "X vs Y", "before", "than"), quoted strings, named entities, filter-like
 words (learned from the partition's filters and chunk metadata) and the content words agree.
 `verify` returns None when the candidate may be served, else the name of the check that refused.
@@ -48,6 +48,8 @@ class Features:
     # content words and direction poles in order: who does what to whom ("owner ... to admin")
     spine: tuple[str, ...] = ()
     focus: frozenset[str] = frozenset()  # what the question asks for (lexicon.QUESTION_FOCUS)
+    # whose thing it is: (content word, owner) after "my"/"our"/"your" (owner "self") or "<name>'s"
+    owners: tuple[tuple[str, str], ...] = ()
 
 
 def stem(word: str) -> str:
@@ -108,6 +110,8 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
     entities: set[str] = set()
     sequence: list[str] = []  # the content words, in order
     roles: list[tuple[str, str]] = []
+    owners: list[tuple[str, str]] = []
+    owner: str | None = None  # the owner the next content word belongs to ("my calendar", "Ann's calendar")
     # the values (content words, numbers, units, dates) between connectives, and the connectives
     segments: list[list[str]] = [[]]
     links: list[str] = []
@@ -224,13 +228,21 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
             prev_lower = low
             continue
         prev_lower = low
+        if low in lx.SELF_POSSESSIVES:
+            owner = "self"
         if low in lx.STOPWORDS or c in lx.STOPWORDS:
             adjacent = None
             continue
+        possessor = _possessor(low)
+        if possessor is not None:
+            c = canon(possessor)
         sequence.append(c)
         spine.append(c)
         last_content = c
         value(c)
+        if owner is not None:
+            owners.append((c, owner))
+        owner = c if possessor is not None else None
         if c in lx.GAZETTEER or c in vocab_set or (c not in lx.SYNONYM_TARGETS and _looks_like_name(tok, i, raw_tokens)):
             entities.add(c)
     if numbers:
@@ -240,7 +252,8 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
     order = tuple((group, frozenset(segments[k]), frozenset(segments[k + 1])) for k, group in enumerate(links))
     return Features(quoted, frozenset(numbers), frozenset(units), frozenset(dates), negated,
                     frozenset(directions), tuple(sorted(set(roles))), frozenset(entities), frozenset(sequence),
-                    tuple(sequence), order, frozenset(motions), tuple(spine), frozenset(focus))
+                    tuple(sequence), order, frozenset(motions), tuple(spine), frozenset(focus),
+                    tuple(sorted(set(owners))))
 
 
 def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (),
@@ -262,7 +275,7 @@ def verify(a: Features, b: Features, similarity: float, vocab: Iterable[str] = (
         return "role"
     if _order_conflict(a.order, b.order):
         return "order"
-    if _role_swap(a.spine, b.spine):
+    if _role_swap(a.spine, b.spine) or _owners_conflict(a.owners, b.owners):
         return "role"
     if (a.entities ^ b.entities) - (a.content & b.content):  # "Acme" capitalised first in one query only
         return "entity"
@@ -405,6 +418,23 @@ def _role_swap(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
         return False
     i, j = diff
     return sa[i] == sb[j] and sa[j] == sb[i] and j - i >= 2 and len(sa) > j - i + 1
+
+
+def _possessor(low: str) -> str | None:
+    """The owner a possessive names ("coworker's" -> "coworker"), never a contraction ("what's", "it's")."""
+    if low.endswith(("'s", "s'")) and len(low) > 3:
+        base = low[:-2] if low.endswith("'s") else low[:-1]
+        if base not in lx.STOPWORDS and base not in ("let", "here", "there"):
+            return base
+    return None
+
+
+def _owners_conflict(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> bool:
+    """The same thing owned by different people: "let a coworker see my calendar" is not "see a
+    coworker's calendar", "the owner's settings" not "an admin's settings". A query that names no
+    owner for it conflicts with neither."""
+    mine = dict(a)
+    return any(word in mine and mine[word] != who for word, who in b)
 
 
 _PARTICLES = frozenset(["in", "on", "off", "out", "up", "down", "over", "under"])

@@ -228,3 +228,20 @@ def test_a_name_is_compared_as_a_word_not_by_its_capital(a: str, b: str, refused
 def test_a_period_asked_for_is_not_a_stated_one(a: str, b: str, refused: str | None) -> None:
     assert check(a, b) == refused
     assert check(b, a) == refused
+
+
+# Whose thing it is (issue 33, found on held-out B after its run: the rule below was written then, so
+# held-out B is no longer unseen for it). The same thing owned by different people is a near miss; the
+# asker's "my", "our" and the help desk's "your" are one owner; a contraction is not a possessive.
+@pytest.mark.parametrize(("a", "b", "refused"), [
+    ("let a coworker see my calendar", "see a coworker's calendar", "role"),
+    ("change the owner's notification settings", "change an admin's notification settings", "role"),
+    ("delete my teammate's draft", "delete my draft", "role"),
+    ("how do I reset my password", "how do I reset your password", None),
+    ("what's my plan limit", "what is my plan limit", None),
+    ("share my calendar with the team", "share a calendar with the team", None),
+    ("open a coworker's calendar", "open my coworker's calendar", None),
+])
+def test_the_same_thing_owned_by_someone_else_is_a_near_miss(a: str, b: str, refused: str | None) -> None:
+    assert verify(features(a), features(b), 0.9) == refused
+    assert verify(features(b), features(a), 0.9) == refused

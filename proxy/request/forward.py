@@ -8,6 +8,7 @@ response head is sent the status cannot change: a later failure cuts the body sh
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
@@ -129,9 +130,11 @@ class Forwarder:
         await self._answered(ex)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def read_local(self, ex: Exchange, reply: Reply) -> None:
+    async def read_local(self, ex: Exchange, reply: Reply) -> Reply:
         """The adapter reads a local answer (a cache hit) as it reads the upstream's: the observation
-        (a retrieval's chunks are the task's evidence) and `on_response` (x-ragtoll-evidence)."""
+        (a retrieval's chunks are the task's evidence) and `on_response` (x-ragtoll-evidence, and
+        adaptive depth: a hit is cut as the same answer from upstream would be, so what an agent
+        does next with it, a rerank say, matches what it did the first time). The reply to send."""
         observer = ex.route.adapter.observer(ex.call, reply.status, {"content-type": reply.content_type.decode()})
         ex.observation = observer.observation
         inspector = Inspector(observer, content_encoding="", content_type=reply.content_type.decode(),
@@ -143,7 +146,11 @@ class Forwarder:
         if plain is not None:
             self._chunk(ex, plain)
         if self._response_stages and ex.call.operation == "retrieval" and reply.status == 200:
+            ex.response_body = plain
             await self._on_response(ex)
+            if ex.response_body is not plain and ex.response_body is not None:  # a stage trimmed the answer
+                return dataclasses.replace(reply, body=ex.response_body)
+        return reply
 
     async def _answered(self, ex: Exchange) -> None:
         if self._on_answered is not None:

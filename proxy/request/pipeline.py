@@ -243,7 +243,7 @@ class Pipeline:
             if reply.status >= 400:
                 ex.outcome = "rejected"
             elif reply is ex.proposal and ex.route.adapter.reads_body:
-                await self.forwarder.read_local(ex, reply)
+                reply = await self.forwarder.read_local(ex, reply)
             ex.headers_sent = True
             ex.complete = True
             await _send_reply(send, reply, ex.response_headers)

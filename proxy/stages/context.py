@@ -94,7 +94,7 @@ class ContextStage(Stage):
                         writes="body call filing tallies",
                         # adaptive depth also narrows `observation.chunks` to the results passed on, for
                         # the stages after it (budget, evidence); the cache before it files the whole
-                        # answer on purpose (a cache hit is passed on whole: no trimming on hits)
+                        # answer on purpose, and a hit is cut here as the live answer was
                         response_reads="route call observation response_body task span",
                         response_writes="response_body response_headers tallies",
                         end_reads="task status call observation span budget_left")
@@ -229,7 +229,7 @@ class ContextStage(Stage):
         if (policy is None or ex.call.operation != "retrieval" or chunks is None or ex.response_body is None
                 or trim is None):
             return
-        if policy.widen and ex.task is not None:
+        if policy.widen and ex.task is not None and ex.proposal is None:  # a hit is cut, never judged
             reason = self._judge(ex, policy, chunks)
             if reason:
                 self._depth(ex, len(chunks), len(chunks), reason)

@@ -40,6 +40,7 @@ class Retriever:
         self.embedded: list[str] = []
         self.version = "v1"
         self.scores: list[float] | None = None  # the results' scores in rank order (default: 1.0, 0.9, ...)
+        self.sized = False  # send content-length (as most search servers do), not a chunked answer
         self.docs = [
             {"id": "refund-annual", "text": "Annual plans: refunds within 30 days.", "groups": ["finance"], "plan": "annual"},
             {"id": "refund-monthly", "text": "Monthly plans: refunds within 7 days.", "groups": ["finance"], "plan": "monthly"},
@@ -71,7 +72,9 @@ class Retriever:
                         "metadata": {"plan": d["plan"], **({"groups": d["groups"]} if d["groups"] else {})}}
                        for i, d in enumerate(docs[: int(doc.get("top_k", 3))])]
             version = self.version
-        await self._json(send, {"results": results}, [(b"x-index-version", version.encode())])
+        raw = orjson.dumps({"results": results})
+        size = [(b"content-length", str(len(raw)).encode())] if self.sized else []
+        await self._json(send, {"results": results}, [(b"x-index-version", version.encode()), *size])
 
     @staticmethod
     async def _json(send: Any, doc: Any, headers: list[tuple[bytes, bytes]]) -> None:
@@ -444,3 +447,19 @@ def test_audits_on_one_replica_raise_the_threshold_the_other_applies(cache_proxy
     assert "x-ragtoll-cache" not in after.headers
     last = cache_attrs(telemetry)[-1]
     assert last[sc.CACHE_REASON] == "below_threshold" and last[sc.CACHE_THRESHOLD] == pytest.approx(0.99)
+
+
+def test_a_cache_hit_is_cut_where_the_live_answer_was(cache_proxy: Any, retriever: Any) -> None:
+    """Adaptive depth cuts a hit as it cut the same answer from upstream (the cache files the whole
+    answer): an agent that reranks what it got sends the same documents the second time, so its
+    rerank is a repeat too. Before, a hit came whole and the rerank after it went upstream again."""
+    _, app = retriever
+    app.scores = [1.0, 0.95, 0.4, 0.35]  # a drop of 0.55 of the top after the second result
+    app.sized = True  # a chunked answer is passed on as it streams, never cut
+    with cache_proxy() as base:
+        first = search(base, "Refund window for annual plans", ALICE, top_k=4)
+        second = search(base, "Refund window for annual plans", ALICE, top_k=4, task="t2")
+    assert app.calls == 1 and second.headers["x-ragtoll-cache"] == "hit; tier=exact"
+    assert first.headers["x-ragtoll-depth"] == second.headers["x-ragtoll-depth"] == "kept=2, returned=4, reason=gap"
+    assert [r["id"] for r in second.json()["results"]] == [r["id"] for r in first.json()["results"]]
+    assert len(second.json()["results"]) == 2 and int(second.headers["content-length"]) == len(second.content)

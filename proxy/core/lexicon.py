@@ -146,6 +146,10 @@ OPPOSITE_MOTIONS = {a: b for x, y in (("give", "take"), ("in", "out"), ("enter",
 QUESTION_FOCUS = {"how long": "time", "how soon": "time", "when": "time", "how much": "quantity",
                   "how many": "quantity", "how often": "frequency", "how far": "distance", "how old": "age",
                   "where": "place", "who": "person", "whom": "person", "why": "reason"}
+# Content words that name what is asked for without a question word (canonical forms): "Japan express
+# shipping cost" asks how much, "transit time to Japan" how long. They only add a focus, so they can
+# only refuse more: a query asking for a time is never served a price.
+FOCUS_WORDS = {"price": "quantity", "time": "time", "duration": "time"}
 
 # Verbs a prefix reverses: "unsubscribe", "unarchive", "disconnect", "deselect" are the opposite of the
 # bare verb (motion "v:subscribe" against "un:subscribe").

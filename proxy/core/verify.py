@@ -188,6 +188,8 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
             continue
         last_content = None
         c = canon(low)
+        if c in lx.FOCUS_WORDS:
+            focus.add(lx.FOCUS_WORDS[c])
         motion = _motion(low, prev_lower)
         if motion is not None:
             motions.add(motion)

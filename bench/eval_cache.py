@@ -175,6 +175,7 @@ def evaluate(queries: list[dict[str, Any]], docs_by_id: dict[str, Any], live: di
         qs = list(queries)
         random.Random(seed).shuffle(qs)
         cache = EvidenceCache(MemoryEvidenceStore(), embedder=embedder, similarity=threshold,
+                              reach=CacheConfig().reach if verify_on else 0.0,
                               verify_candidates=verify_on, min_top_margin=CacheConfig().min_top_margin,
                               calibration=calibration, intent_floor=intent_floor,
                               auditor=Auditor(0.0, threshold, max_error=max_error))
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in COSINES:
             rules[f"cosine {c:.2f}"] = evaluate(qs, docs_by_id, live, embedder, args.seeds, scores,
                                                 threshold=c, verify_on=False)
-        rules[f"vetoes, similarity {cfg.similarity:g}"] = evaluate(qs, docs_by_id, live, embedder, args.seeds,
+        rules[f"vetoes, similarity {cfg.similarity:g}-{cfg.reach:g}"] = evaluate(qs, docs_by_id, live, embedder, args.seeds,
                                                                    scores, threshold=cfg.similarity)
         rules[f"vetoes + model, max_error {cfg.max_error:g}"] = evaluate(
             qs, docs_by_id, live, embedder, args.seeds, scores, threshold=cfg.similarity, calibration=model,

@@ -1,6 +1,6 @@
 """Evidence-cache evaluation on held-out domains: calibrated semantic hits vs plain cosine thresholds.
 
-    python bench/eval_cache.py [--seeds 3] [--out bench/results/cache_eval.json]
+    python bench/eval_cache.py [--seeds 3] [--splits tuning ...] [--out bench/results/cache_eval.json]
 
 The labelled queries of bench/data/cache_eval.json (one route per domain) are split by domain in
 bench/data/cache_eval_splits.json, fixed before any fitting: `tuning` (the model of P(wrong) and its
@@ -115,6 +115,7 @@ def metadata_vocab(docs_by_id: dict[str, dict[str, Any]], ids: list[str]) -> lis
 
 MAX_WRONG_UPPER = 0.01  # the target: wrong serves' upper 95% Wilson bound, as a share of queries
 COSINES = (0.85, 0.90, 0.95)
+ALL_SPLITS = ("tuning", "held_out_a", "held_out_b")
 
 
 def intent_key(q: dict[str, Any]) -> str:
@@ -174,6 +175,7 @@ def evaluate(queries: list[dict[str, Any]], docs_by_id: dict[str, Any], live: di
         qs = list(queries)
         random.Random(seed).shuffle(qs)
         cache = EvidenceCache(MemoryEvidenceStore(), embedder=embedder, similarity=threshold,
+                              reach=CacheConfig().reach if verify_on else 0.0,
                               verify_candidates=verify_on, min_top_margin=CacheConfig().min_top_margin,
                               calibration=calibration, intent_floor=intent_floor,
                               auditor=Auditor(0.0, threshold, max_error=max_error))
@@ -211,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seeds", type=int, default=3, help="shuffled stream orders per split")
     ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "cache_eval.json"))
+    ap.add_argument("--splits", nargs="+", choices=ALL_SPLITS, default=list(ALL_SPLITS),
+                    help="the splits to run and print (while tuning: `--splits tuning`, so held-out stays unseen)")
     args = ap.parse_args(argv)
     data = json.loads(DATA.read_text())
     splits = json.loads((DATA.parent / SPLITS).read_text())
@@ -230,13 +234,13 @@ def main(argv: list[str] | None = None) -> int:
                               "default_similarity": cfg.similarity, "default_max_error": cfg.max_error,
                               "results": {}}
     head = (f"{'rule':<34}{'served':>7}{'95% CI':>14}{'wrong':>8}{'95% CI':>14}{'near':>7}{'worst':>6}")
-    for name in ("tuning", "held_out_a", "held_out_b"):
+    for name in args.splits:
         qs = [q for q in data["queries"] if q["domain"] in set(splits[name])]
         rules: dict[str, Any] = {}
         for c in COSINES:
             rules[f"cosine {c:.2f}"] = evaluate(qs, docs_by_id, live, embedder, args.seeds, scores,
                                                 threshold=c, verify_on=False)
-        rules[f"vetoes, similarity {cfg.similarity:g}"] = evaluate(qs, docs_by_id, live, embedder, args.seeds,
+        rules[f"vetoes, similarity {cfg.similarity:g}-{cfg.reach:g}"] = evaluate(qs, docs_by_id, live, embedder, args.seeds,
                                                                    scores, threshold=cfg.similarity)
         rules[f"vetoes + model, max_error {cfg.max_error:g}"] = evaluate(
             qs, docs_by_id, live, embedder, args.seeds, scores, threshold=cfg.similarity, calibration=model,

@@ -16,7 +16,8 @@ The default bound is chosen by leave-one-domain-out: for each tuning domain, a m
 other tuning domains serves that domain's streams at each bound of `BOUNDS`; the largest bound whose
 pooled results meet every target (no near-miss serve on any order, wrong serves' upper 95% Wilson
 bound <= 1% of queries) is the default; when none does, the largest bound with no near-miss serve
-among those with the fewest wrong serves. The final model is then fitted on every tuning pair.
+among those within one wrong serve per order of the fewest (a single pair is below what the streams
+resolve; this tolerance was set on the tuning domains, issue 33). The final model is then fitted on every tuning pair.
 A benchmark, not a test.
 """
 
@@ -42,6 +43,7 @@ from eval_cache import DATA, SPLITS, K, Retriever, agrees, metadata_vocab
 from ragtoll.proxy.cache.audit import wilson
 from ragtoll.proxy.cache.embedders import CachedEmbedder, LocalEmbedder, LocalModel
 from ragtoll.proxy.cache.evidence import EvidenceCache, Lookup, Query
+from ragtoll.proxy.config import CacheConfig
 from ragtoll.proxy.core.verify import INTENT_FLOOR, PAIR_FEATURES, Calibration, Features, pair_features
 from ragtoll.proxy.model import Principal
 from ragtoll.proxy.stores.evidence import Entry
@@ -72,7 +74,8 @@ class Recorder(EvidenceCache):
 
 def cache_for(embedder: Any, calibration: Calibration | None, bound: float = 1.0, cls: type = EvidenceCache) -> Any:
     from ragtoll.proxy.cache.audit import Auditor
-    return cls(MemoryEvidenceStore(), embedder=embedder, similarity=FLOORS[0], calibration=calibration,
+    return cls(MemoryEvidenceStore(), embedder=embedder, similarity=FLOORS[0], reach=CacheConfig().reach,
+               calibration=calibration,
                intent_floor=FLOORS[1], auditor=Auditor(0.0, FLOORS[0], max_error=bound))
 
 
@@ -212,12 +215,14 @@ def main(argv: list[str] | None = None) -> int:
             chosen = bound
         print(f"{bound:>7}{p['served'] / p['queries']:>9.1%}{p['wrong'] / p['queries']:>9.2%}"
               f"{f'{lo:.2%}-{hi:.2%}':>18}{p['near_miss']:>11}{'  meets' if ok else ''}")
-    if chosen is None:  # no bound met every target: the largest with no near-miss serve and the fewest wrong
+    if chosen is None:  # no bound met every target: the largest with no near-miss serve and about the fewest wrong
         safe = [t for t in table if t["near_miss"] == 0]
         if safe:
+            # within one wrong serve per order of the fewest: a single pair is below what the streams resolve
             fewest = min(t["wrong"] for t in safe)
-            chosen = max(t["bound"] for t in safe if t["wrong"] == fewest)
-        print(f"\nno bound met every target; the largest with no near-miss serve and the fewest wrong: {chosen}")
+            chosen = max(t["bound"] for t in safe if t["wrong"] <= fewest + args.seeds)
+        print(f"\nno bound met every target; the largest with no near-miss serve and within one wrong serve per "
+              f"order of the fewest: {chosen}")
     else:
         print(f"\nchosen default bound: {chosen}")
 

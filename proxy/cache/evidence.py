@@ -44,6 +44,7 @@ from .versions import Probe, SourceState, Versions, compose
 if TYPE_CHECKING:
     import numpy as np
 
+REACH_OVERLAP = 0.4  # content overlap a candidate below the similarity threshold needs (`reach`)
 MAX_VOCAB = 2_000  # filter-like words remembered per partition
 SYNC_INTERVAL_S = 0.25  # how often a replica pulls other replicas' new entries of a partition
 SYNC_OVERLAP_S = 5.0
@@ -138,6 +139,7 @@ class EvidenceCache:
                  verify_candidates: bool = True, prefilter: bool = True, min_top_margin: float = 0.0,
                  max_staleness_s: float = MAX_STALENESS_S, staleness: Mapping[str, float] | None = None,
                  calibration: Calibration | None = None, intent_floor: float | None = None,
+                 reach: float = 0.0, reach_overlap: float = REACH_OVERLAP,
                  normalize: Sequence[str] = DEFAULT_NORMALIZE, normalize_routes: Mapping[str, Sequence[str]] | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.store = store
@@ -148,6 +150,10 @@ class EvidenceCache:
         # (`auditor.bound`); None: the vetoes alone decide, with their own content-overlap floor
         self.calibration = calibration
         self.intent_floor = intent_floor if intent_floor is not None else INTENT_FLOOR
+        # candidates up to `reach` below the similarity threshold are verified too, held to the higher
+        # content-overlap floor `reach_overlap`: a paraphrase that embeds a little apart but shares most
+        # of its words is served; one that shares few of them only above the threshold
+        self.reach, self.reach_overlap = reach, reach_overlap
         # an entry whose first result led its own retrieval by less than this (`top_margin`) serves
         # exact hits only: a reworded query is likely to reorder a near tie
         self.min_top_margin = min_top_margin
@@ -256,7 +262,7 @@ class EvidenceCache:
         if lk.vector is None:
             return
         threshold = await self.auditor.current(lk.partition.source)
-        found = await self.store.nearest(pkey, lk.vector, threshold, self.candidates, keys)
+        found = await self.store.nearest(pkey, lk.vector, threshold - self.reach, self.candidates, keys)
         if not found:
             if lk.reason == "none":
                 lk.reason = "below_threshold"
@@ -271,7 +277,8 @@ class EvidenceCache:
                 continue
             others = [s for j, (s, _) in enumerate(found) if j != i]
             gap = sim - (max(others) if others else threshold)
-            refused = self._verify(lk, cand, sim, vocab, mine, gap=gap, near=near, bound=bound)
+            refused = self._verify(lk, cand, sim, vocab, mine, gap=gap, near=near, bound=bound,
+                                   floor=self.intent_floor if sim >= threshold else self.reach_overlap)
             if refused is not None:
                 lk.reason, lk.similarity = f"verify:{refused}", sim
                 continue
@@ -290,14 +297,15 @@ class EvidenceCache:
             return
 
     def _verify(self, lk: Lookup, cand: Entry, sim: float, vocab: frozenset[str], mine: Any = None, *,
-                gap: float | None = None, near: int = 1, bound: float = 1.0) -> str | None:
-        """None if `cand`'s query may serve this one (the vetoes, the ranking check, the error bound); else why not."""
+                gap: float | None = None, near: int = 1, bound: float = 1.0, floor: float | None = None) -> str | None:
+        """None if `cand`'s query may serve this one (the vetoes, the ranking check, the error bound); else why not.
+        `floor`: the content overlap it must reach (the cache's own, unless the candidate is in the reach)."""
         if cand.query == lk.norm or not self.verify_candidates:
             return None
         words = vocab | frozenset(cand.vocab) if cand.vocab else vocab
         ours = features(lk.norm, words) if cand.vocab or mine is None else mine
         theirs = features(cand.query, words)
-        refused = verify(ours, theirs, sim, words, intent_floor=self.intent_floor)
+        refused = verify(ours, theirs, sim, words, intent_floor=self.intent_floor if floor is None else floor)
         if refused is None and cand.margin is not None and cand.margin < self.min_top_margin:
             refused = "ranking"
         if refused is None and self.calibration is not None:

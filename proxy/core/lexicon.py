@@ -102,7 +102,8 @@ DIRECTIONS = _spread({
     "deposit deposits depositing": "deposit", "withdraw withdrawal withdrawing withdrawals": "withdraw",
     "send sending sent": "send", "receive receiving received": "receive",
     "encrypt encryption encrypting": "encrypt", "decrypt decryption decrypting": "decrypt",
-    "install installing installation": "install", "uninstall uninstalling uninstallation": "uninstall",
+    # uninstalling software is removing it: "remove the agent" is "uninstall the agent", never "install" it
+    "install installing installation": "install", "uninstall uninstalling uninstallation": "remove",
     "north northern": "north", "south southern": "south", "east eastern": "east", "west western": "west",
     "domestic": "domestic", "international abroad overseas": "international",
     "adult adults": "adult", "child children kid kids minor minors infant": "child",
@@ -145,6 +146,10 @@ OPPOSITE_MOTIONS = {a: b for x, y in (("give", "take"), ("in", "out"), ("enter",
 QUESTION_FOCUS = {"how long": "time", "how soon": "time", "when": "time", "how much": "quantity",
                   "how many": "quantity", "how often": "frequency", "how far": "distance", "how old": "age",
                   "where": "place", "who": "person", "whom": "person", "why": "reason"}
+# Content words that name what is asked for without a question word (canonical forms): "Japan express
+# shipping cost" asks how much, "transit time to Japan" how long. They only add a focus, so they can
+# only refuse more: a query asking for a time is never served a price.
+FOCUS_WORDS = {"price": "quantity", "time": "time", "duration": "time"}
 
 # Verbs a prefix reverses: "unsubscribe", "unarchive", "disconnect", "deselect" are the opposite of the
 # bare verb (motion "v:subscribe" against "un:subscribe").
@@ -170,7 +175,7 @@ SYNONYMS = _spread({
     "cancel cancels cancelled canceled cancelling canceling cancellation terminate termination": "cancel",
     "cost costs price prices pricing charge charges fee fees rate rates": "price",
     "account accounts profile": "account", "password passwords passcode": "password",
-    "reset resetting recover recovery": "reset", "change changing modify update updating edit": "change",
+    "reset resetting recover recovery": "reset", "change changing modify update updating edit switch switching switched": "change",
     "customer customers client clients": "customer", "car cars vehicle vehicles auto": "car",
     "phone phones smartphone smartphones handset mobile": "phone", "laptop laptops notebook notebooks": "laptop",
     "flight flights plane airfare": "flight", "bag bags baggage luggage suitcase": "baggage",

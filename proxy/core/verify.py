@@ -188,6 +188,8 @@ def _features(text: str, vocab_set: frozenset[str]) -> Features:
             continue
         last_content = None
         c = canon(low)
+        if c in lx.FOCUS_WORDS:
+            focus.add(lx.FOCUS_WORDS[c])
         motion = _motion(low, prev_lower)
         if motion is not None:
             motions.add(motion)
@@ -322,10 +324,13 @@ def _minimal_pair(a: tuple[str, ...], b: tuple[str, ...]) -> bool:
     """The same content words in the same order but one, exchanged for a word that is not its
     synonym ("regular" / "expedited delivery time to Brazil"): that word is the whole difference
     between the queries, so it is a facet of the answer, not a rewording. Rewordings move words
-    around or change more than one."""
+    around or change more than one. A particle exchanged for a content word is sentence shape, not
+    a facet ("install Acme Agent on Linux" / "Acme Agent install steps Linux"); a particle for
+    another particle still counts ("on" / "off")."""
     if len(a) != len(b) or len(a) < 3:
         return False
-    return sum(x != y for x, y in zip(a, b, strict=True)) == 1
+    changed = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
+    return len(changed) == 1 and (changed[0][0] in _PARTICLES) == (changed[0][1] in _PARTICLES)
 
 
 def _roles_conflict(a: tuple[tuple[str, str], ...], b: tuple[tuple[str, str], ...]) -> bool:

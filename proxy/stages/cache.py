@@ -461,7 +461,7 @@ def evidence_cache(settings: Settings, store: EvidenceStore, client: UpstreamCli
     authz = acl.ExternalAuthz(cfg.authz_url, post_url, cfg.authz_ttl_s, cfg.authz_timeout_s) if cfg.authz_url else None
     staleness = {u.name: u.cache.max_staleness_s for u in settings.upstreams if u.cache.max_staleness_s}
     return EvidenceCache(store, embedder=embedder, versions=Versions(store, cfg.sources, now=clock),
-                         similarity=cfg.similarity, candidates=cfg.candidates, ttl_s=cfg.ttl_s, public=cfg.acl_public,
+                         similarity=cfg.similarity, reach=cfg.reach, candidates=cfg.candidates, ttl_s=cfg.ttl_s, public=cfg.acl_public,
                          authz=authz, auditor=Auditor(cfg.audit_fraction, cfg.similarity, cfg.audit_target,
                                                       cfg.audit_step, max_error=cfg.max_error),
                          calibration=calibration.shipped() if cfg.max_error < 1 else None,

@@ -96,6 +96,7 @@ def test_env_overrides_a_file(tmp_path: Path) -> None:
     ("cache: {embedder: 'upstream:nope'}", "Config 'cache.embedder'"),
     ("cache: {max_error: 0}", "Config 'cache.max_error' has value 0.0. Expected a probability in (0, 1]"),
     ("cache: {max_error: 1.5}", "Config 'cache.max_error' has value 1.5"),
+    ("cache: {reach: 0.9}", "Config 'cache.reach' has value 0.9. Expected a similarity margin in [0, similarity)"),
     ("- just\n- a list\n", "must hold a mapping at the top"),
     ("a: [unclosed", "is not valid YAML"),
     ("budgets: {default_profile: p, profiles: {p: {escalate_to: nope}}}",

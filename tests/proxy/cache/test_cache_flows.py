@@ -419,3 +419,24 @@ async def test_a_wrong_audit_raises_the_served_entrys_own_floor(model: LocalMode
     assert other.hit and other.tier == "semantic"
     replica = Auditor(0.0, 0.85, store=store)  # another replica on the store reads the same floor
     assert await replica.entry_floor(served.partition.source, entry) > served.similarity
+
+
+# The reach (issue 33, chosen on the tuning domains): a candidate a little below the similarity
+# threshold is verified too, but held to a higher content-overlap floor. Worst case, written down: a
+# rewording that shares 0.4 of its content words and passes every veto is served from 0.80 instead
+# of 0.85; one that shares few words (a different question about the same topic) still is not.
+async def test_the_reach_serves_close_rewordings_below_the_threshold_only_with_shared_words(
+        model: LocalModel) -> None:
+    for reach in (0.0, 0.05):
+        cache = make(model, similarity=0.85, reach=reach)
+        await fill(cache, "refund window for annual pro plans", ["a", "b"])
+        await fill(cache, "sick leave for part-time employees", ["c", "d"])
+        close = await ask(cache, "pro plan per year refund deadline")  # every content word shared
+        few = await ask(cache, "how many paid sick days do part-time staff have")  # a quarter of them
+        if reach:
+            assert close.hit and close.tier == "semantic" and close.similarity is not None
+            assert 0.80 <= close.similarity < 0.85
+            assert not few.hit and few.reason == "verify:intent"
+        else:
+            assert not close.hit and close.reason == "below_threshold"
+            assert not few.hit and few.reason == "below_threshold"

@@ -183,7 +183,7 @@ def test_a_ratio_sampler_keeps_or_drops_whole_tasks_and_budgets_stay_exact(upstr
     for task in kept:
         trace_id = derived_trace_id(task)
         names = sorted(s.name for s in spans if s.context.trace_id == trace_id)
-        assert names == ["POST /openai"] * 4 + ["chat m"] * 4 + ["ragtoll.task"], task
+        assert names == ["chat m"] * 4 + ["ragtoll.task"], task  # one span per call, the refused one too
     assert {s.context.trace_id for s in spans} == {derived_trace_id(t) for t in kept}
     written = [json.loads(line) for line in records.read_text().splitlines()]
     assert sorted(r["task_id"] for r in written) == sorted(tasks)

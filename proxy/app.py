@@ -330,7 +330,7 @@ class RagtollApp:
 
     async def not_found(self, request: Request, _exc: Exception | None = None) -> Response:
         error = self.router.not_found(request.url.path)
-        refusal_span(self.tracer, request.scope, None, request.headers, error)  # no upstream: no call span
+        refusal_span(self.tracer, request.scope, None, error)  # no upstream: no call span
         return Response(render(error), status_code=error.status, media_type="application/json")
 
 

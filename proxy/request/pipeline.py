@@ -11,7 +11,7 @@
 Guarantees: every stage whose `on_request` ran gets exactly one `on_end`, on success, error,
 refusal or client disconnect; one span per request (the call span: kind SERVER, child of the
 caller's context; a request refused before its task is known gets a small span of its own,
-`refusal_span`); the call span ends when the response body ends (or the exchange fails), never at headers; after response headers are sent the status cannot change (a later
+`refusal_span`, a root); the call span ends when the response body ends (or the exchange fails), never at headers; after response headers are sent the status cannot change (a later
 failure is recorded on the span and the body is cut short: never a fake clean end).
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 from opentelemetry import trace
@@ -96,7 +96,7 @@ class Pipeline:
             if caller.refusal is not None:  # a token that failed, a refused anonymous caller
                 raise caller.refusal
         except Rejected as exc:
-            refusal_span(self.tracer, scope, route.prefix + "/*", headers, exc)
+            refusal_span(self.tracer, scope, route.prefix + "/*", exc)
             await _send_error(send, exc, route.adapter.error_style, [])
             return
         ex = Exchange(route, scope["method"], target, headers, raw_headers, address, time.perf_counter(), task=task,
@@ -319,24 +319,22 @@ def _parent_context(task: TaskRef, headers: dict[str, str], root_sampled: Callab
                        trace_flags=TraceFlags(1 if root_sampled(task.trace_id) else 0))
 
 
-def refusal_span(tracer: trace.Tracer, scope: Scope, route: str | None, headers: Mapping[str, str],
-                 error: RagtollError) -> None:
+def refusal_span(tracer: trace.Tracer, scope: Scope, route: str | None, error: RagtollError) -> None:
     """The span of a request refused before its task is known (a caller that failed authentication, a
     task header refused, a path no upstream serves): the request's method, route, path, status and
-    error, a child of the caller's traceparent when it sent a valid one, else a root. No task id:
-    none was accepted. Worst case: one such span per refused request, five attributes, no body read."""
-    parsed = parse_traceparent(headers.get("traceparent"))
-    parent = None
-    if parsed is not None:
-        trace_id, span_id, flags = parsed
-        parent = trace.set_span_in_context(NonRecordingSpan(
-            SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 1))))
+    error. Always a root, with no task id: the caller was not accepted, so its `traceparent` does not
+    place a span in a trace it names (an unauthenticated client could otherwise write into anyone's
+    trace whose id it knows). Worst case: one such span per refused request, five attributes, no
+    body read."""
     attrs = {sc.HTTP_REQUEST_METHOD: scope["method"], sc.URL_PATH: scope["path"][:256], sc.ERROR_TYPE: error.code}
     if route is not None:
         attrs[sc.HTTP_ROUTE] = route
     name = scope["method"] if route is None else f"{scope['method']} {route.removesuffix('/*')}"
-    span = tracer.start_span(name, context=parent, kind=SpanKind.SERVER, attributes=attrs)
+    span = tracer.start_span(name, context=_ROOT, kind=SpanKind.SERVER, attributes=attrs)
     _end_request_span(span, error.status)
+
+
+_ROOT = trace.set_span_in_context(trace.INVALID_SPAN)  # a context with no span: a new trace
 
 
 def _end_request_span(span: Any, status: int | None) -> None:

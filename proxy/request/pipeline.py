@@ -11,8 +11,9 @@
 Guarantees: every stage whose `on_request` ran gets exactly one `on_end`, on success, error,
 refusal or client disconnect; one span per request (the call span: kind SERVER, child of the
 caller's context; a request refused before its task is known gets a small span of its own,
-`refusal_span`, a root); the call span ends when the response body ends (or the exchange fails), never at headers; after response headers are sent the status cannot change (a later
-failure is recorded on the span and the body is cut short: never a fake clean end).
+`refusal_span`, a root); the call span ends when the response body ends (or the exchange fails),
+never at headers; after response headers are sent the status cannot change (a later failure is
+recorded on the span and the body is cut short: never a fake clean end).
 """
 
 from __future__ import annotations

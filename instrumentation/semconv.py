@@ -102,6 +102,8 @@ def budget_used(dimension: str) -> str:
 
 
 def budget_remaining(dimension: str) -> str:
+    """Only where it is not max(0, limit - used): the per-call prompt ceiling, and tokens and cost held
+    by reservations in flight (proxy/stages/budget_span.py); elsewhere a reader computes it."""
     return f"ragtoll.budget.{dimension}.remaining"
 
 

@@ -32,7 +32,7 @@ from .request.caller import CallerResolver
 from .request.conversation import Conversations
 from .request.exchange import Exchange, Stage
 from .request.identify import Identifier, derived_span_id
-from .request.pipeline import Pipeline, Receive, Scope, Send
+from .request.pipeline import Pipeline, Receive, Scope, Send, refusal_span
 from .request.routing import Router
 from .request.upstream import UpstreamClient
 from .secrets import budget_hmac_key, environment
@@ -330,6 +330,7 @@ class RagtollApp:
 
     async def not_found(self, request: Request, _exc: Exception | None = None) -> Response:
         error = self.router.not_found(request.url.path)
+        refusal_span(self.tracer, request.scope, None, error)  # no upstream: no call span
         return Response(render(error), status_code=error.status, media_type="application/json")
 
 

@@ -1,16 +1,19 @@
 """The lifecycle of one proxied call, in three phases: admit, respond, finish.
 
-  * admit: task identity (it parents the spans), who is calling (`ex.caller`, resolved once), the
-    request body, the adapter's parse, the call span, then every stage's `on_request` in order
+  * admit: task identity (it parents the call span), who is calling (`ex.caller`, resolved once), the
+    call span (opened as the request's server span), the request body, the adapter's parse (which
+    names the call span), then every stage's `on_request` in order
     (cache, context, principal, budget, evidence, span, outcome; their order is checked against the stages'
     contracts when the pipeline is made);
   * respond: the local answer (a reply a stage returned, or a proposal no later stage vetoed) or
     the upstream's, streamed through `Forwarder`;
   * finish: every stage's `on_end` in reverse, the call span's end, the per-call metrics hook.
 Guarantees: every stage whose `on_request` ran gets exactly one `on_end`, on success, error,
-refusal or client disconnect; the call span ends when the response body ends (or the exchange
-fails), never at headers; after response headers are sent the status cannot change (a later
-failure is recorded on the span and the body is cut short: never a fake clean end).
+refusal or client disconnect; one span per request (the call span: kind SERVER, child of the
+caller's context; a request refused before its task is known gets a small span of its own,
+`refusal_span`, a root); the call span ends when the response body ends (or the exchange fails),
+never at headers; after response headers are sent the status cannot change (a later failure is
+recorded on the span and the body is cut short: never a fake clean end).
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ class Pipeline:
             if caller.refusal is not None:  # a token that failed, a refused anonymous caller
                 raise caller.refusal
         except Rejected as exc:
+            refusal_span(self.tracer, scope, route.prefix + "/*", exc)
             await _send_error(send, exc, route.adapter.error_style, [])
             return
         ex = Exchange(route, scope["method"], target, headers, raw_headers, address, time.perf_counter(), task=task,
@@ -114,23 +118,26 @@ class Pipeline:
                     task = ex.task = found[0]
                     ex.thread = found[1]
                     ex.response_headers[0] = (TASK_HEADER_OUT, task.id.encode())
+        # The call span is the request's server span too: one span per call (docs/observability.md).
+        # Named by the request until the parse names the call (`_describe_call`).
         parent = trace.set_span_in_context(NonRecordingSpan(_parent_context(task, headers, self._root_sampled)))
-        server_span = self.tracer.start_span(
+        span = ex.span = self.tracer.start_span(
             f"{ex.method} {route.prefix}", context=parent, kind=SpanKind.SERVER, start_time=started_ns,
             attributes={sc.HTTP_REQUEST_METHOD: ex.method, sc.HTTP_ROUTE: route.prefix + "/*",
                         sc.URL_PATH: scope["path"][:256]},
         )
+        ran = False
         try:
             if not early:
                 body = await self._read(ex, request_body, send)
             if body is not False:
-                await self._run(ex, server_span, body, send, parsed=early)  # type: ignore[arg-type]
+                if not early:
+                    await self._parse(ex)
+                ran = True  # `_run` ends the span from here on, whatever happens
+                await self._run(ex, body, send)  # type: ignore[arg-type]
         finally:
-            if ex.status is not None:
-                server_span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, ex.status)
-                if ex.status >= 500:
-                    server_span.set_status(Status(StatusCode.ERROR))
-            server_span.end()
+            if not ran:  # the body failed (413, 408, gone) or could not be parsed: the span as far as it got
+                _end_request_span(span, ex.status)
             # An error's traceback holds this call's frames, and so the exchange and the server's
             # receive channel: a cycle only the garbage collector would break, keeping the client's
             # connection open until then (seen after a 408 on a streamed body).
@@ -157,11 +164,8 @@ class Pipeline:
                 await _send_error(send, exc, ex.route.adapter.error_style, ex.response_headers)
             return False
 
-    async def _run(self, ex: Exchange, server_span: Any, body: AsyncIterator[bytes] | None, send: Send,
-                   parsed: bool = False) -> None:
-        if not parsed:
-            await self._parse(ex)
-        ex.span = self._open_call_span(ex, server_span)
+    async def _run(self, ex: Exchange, body: AsyncIterator[bytes] | None, send: Send) -> None:
+        self._describe_call(ex)
         ran: list[Stage] = []
         try:
             reply = await self._admit(ex, ran)
@@ -201,11 +205,12 @@ class Pipeline:
         if ex.thread is not None and self.conversations is not None:
             await self.conversations.observe(ex, ex.thread)
 
-    def _open_call_span(self, ex: Exchange, server_span: Any) -> Any:
+    def _describe_call(self, ex: Exchange) -> None:
+        """The call span named by GenAI conventions (`chat gpt-4o`, `retrieval docs`) once the call is parsed."""
         route = ex.route
         call = ex.call
-        span = self.tracer.start_span(f"{call.operation} {call.model or route.upstream.name}",
-                                      context=trace.set_span_in_context(server_span), kind=SpanKind.CLIENT)
+        span = ex.span
+        span.update_name(f"{call.operation} {call.model or route.upstream.name}")
         span.set_attributes({
             sc.GEN_AI_OPERATION_NAME: call.operation,
             sc.GEN_AI_PROVIDER_NAME: route.upstream.api,
@@ -220,7 +225,6 @@ class Pipeline:
             span.set_attributes({sc.TASK_MATCH: ex.task.match, sc.TASK_CONFIDENCE: ex.task.confidence or 0.0})
         if ex.oversized_query:
             span.set_attribute(sc.QUERY_OVERSIZED, ex.oversized_query)
-        return span
 
     async def _admit(self, ex: Exchange, ran: list[Stage]) -> Reply | None:
         """Every stage's `on_request` in order; the local answer, if any (see `Exchange`). A body
@@ -314,6 +318,33 @@ def _parent_context(task: TaskRef, headers: dict[str, str], root_sampled: Callab
             return SpanContext(trace_id, span_id, is_remote=True, trace_flags=TraceFlags(flags & 1))
     return SpanContext(task.trace_id, derived_span_id(task.id), is_remote=True,
                        trace_flags=TraceFlags(1 if root_sampled(task.trace_id) else 0))
+
+
+def refusal_span(tracer: trace.Tracer, scope: Scope, route: str | None, error: RagtollError) -> None:
+    """The span of a request refused before its task is known (a caller that failed authentication, a
+    task header refused, a path no upstream serves): the request's method, route, path, status and
+    error. Always a root, with no task id: the caller was not accepted, so its `traceparent` does not
+    place a span in a trace it names (an unauthenticated client could otherwise write into anyone's
+    trace whose id it knows). Worst case: one such span per refused request, five attributes, no
+    body read."""
+    attrs = {sc.HTTP_REQUEST_METHOD: scope["method"], sc.URL_PATH: scope["path"][:256], sc.ERROR_TYPE: error.code}
+    if route is not None:
+        attrs[sc.HTTP_ROUTE] = route
+    name = scope["method"] if route is None else f"{scope['method']} {route.removesuffix('/*')}"
+    span = tracer.start_span(name, context=_ROOT, kind=SpanKind.SERVER, attributes=attrs)
+    _end_request_span(span, error.status)
+
+
+_ROOT = trace.set_span_in_context(trace.INVALID_SPAN)  # a context with no span: a new trace
+
+
+def _end_request_span(span: Any, status: int | None) -> None:
+    """End a span that no call finished: its status, if an answer was sent."""
+    if status is not None:
+        span.set_attribute(sc.HTTP_RESPONSE_STATUS_CODE, status)
+        if status >= 500:
+            span.set_status(Status(StatusCode.ERROR))
+    span.end()
 
 
 def _finish_span(span: Any, ex: Exchange) -> None:

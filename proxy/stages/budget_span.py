@@ -5,6 +5,12 @@ end, so the reservation's record waits on the exchange (`ex.budget_record`) unti
 stream cut, the deadline, the settle or the call's end writes it: none of it costs anything before
 the first byte reaches the client. When the settle writes it, the settle's values go in the same
 `set_attributes` call, so each attribute is cleaned and stored once (bench/cpu_profile.py).
+
+Per dimension the span holds `limit` and `used`; `remaining` only where it says something they do
+not: where it is not max(0, limit - used). That is the per-call prompt ceiling (every call may use
+the whole limit) and, at the reservation, tokens and cost while reservations are in flight (there
+`remaining` is the `x-ragtoll-budget-remaining` header's figure, the limit minus settled use). Each
+attribute costs the OTLP encoder ~3-4 µs per call (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ def flush_record(ex: Exchange, settled: Mapping[str, Any] | None = None) -> bool
 def record_reservation(span: Any, adm: Admission, sel: Selection, notes: list[str], d: Decision, now: int,
                        left: Mapping[str, Any], warn: Mapping[str, float], at_ns: int, *,
                        settled: Mapping[str, Any] | None = None) -> None:
-    """The reservation on the call span: profile, limit/used/remaining per dimension, events at `at_ns`;
-    `settled`: the settle's attributes, written in the same call (they replace some of these)."""
+    """The reservation on the call span: profile, limit and used per dimension (remaining where it is
+    not limit - used), events at `at_ns`; `settled`: the settle's attributes, written in the same call
+    (they replace some of these)."""
     if span is None or not span.is_recording():
         return
     charge = adm.charge
@@ -56,9 +63,10 @@ def record_reservation(span: Any, adm: Admission, sel: Selection, notes: list[st
     if charge.query_key is not None:
         attrs[sc.QUERY_NEW] = d.reservation.new_query
     for dim, limit in adm.limits.items():
-        attrs[sc.budget_limit(dim)] = bm.usd(limit) if dim == "max_cost_usd" else limit
-        attrs[sc.budget_used(dim)] = bm.used_value(dim, d.ledger, charged, now)
-        attrs[sc.budget_remaining(dim)] = left[dim]
+        lim = attrs[sc.budget_limit(dim)] = bm.usd(limit) if dim == "max_cost_usd" else limit
+        used = attrs[sc.budget_used(dim)] = bm.used_value(dim, d.ledger, charged, now)
+        if left[dim] != max(0, lim - used) and not (settled and sc.budget_used(dim) in settled):
+            attrs[sc.budget_remaining(dim)] = left[dim]
     if d.dimension:
         attrs[sc.BUDGET_EXCEEDED_DIMENSION if not adm.shadow else sc.BUDGET_WOULD_REJECT] = d.dimension
     if adm.finished:
@@ -90,9 +98,10 @@ def _charged(charge: Charge, res: Reservation) -> dict[str, Any]:
 
 def record_settlement(ex: Exchange, adm: Admission, ledger: Ledger | None, actual: Actual,
                       verdict: Verdict | None, now: int) -> None:
-    """The settle on the call span: the cost, what the settled dimensions used and have left, a
-    stream's extensions and unspent hold, a retrieval's progress; in one write, with the
-    reservation's record when that is still waiting."""
+    """The settle on the call span: the cost, what the settled dimensions used, a stream's extensions
+    and unspent hold, a retrieval's progress; in one write, with the reservation's record when that is
+    still waiting (else the settled dimensions' `remaining` too, which that record may have written
+    and which is now limit - used)."""
     span, stream = ex.span, ex.stream_state
     if span is None or not span.is_recording():
         return
@@ -100,12 +109,14 @@ def record_settlement(ex: Exchange, adm: Admission, ledger: Ledger | None, actua
     if stream is not None and stream.hold is not None:
         attrs[sc.BUDGET_STREAM_EXTENSIONS] = stream.extensions
         attrs[sc.BUDGET_STREAM_HELD] = max(0, int(stream.hold.headroom(0)))
+    recorded = ex.budget_record is None  # the reservation's record is on the span already
     if ledger is not None:
-        left = bm.remaining(adm.limits, ledger, None, now)
+        left = bm.remaining(adm.limits, ledger, None, now) if recorded else {}
         for dim in SETTLED_DIMENSIONS:
             if dim in adm.limits:
                 attrs[sc.budget_used(dim)] = bm.used_value(dim, ledger, None, now)
-                attrs[sc.budget_remaining(dim)] = left[dim]
+                if recorded:
+                    attrs[sc.budget_remaining(dim)] = left[dim]
         if actual.chunk_ids is not None:
             attrs[sc.EVIDENCE_STALLED] = ledger.used("stalled")
             attrs[sc.EVIDENCE_FRUITLESS] = ledger.used("fruitless")

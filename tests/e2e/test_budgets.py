@@ -147,7 +147,9 @@ def test_every_response_carries_remaining_and_a_warning_past_the_fraction(
     assert "max_steps" in rs[2].headers["x-ragtoll-budget-warning"]
     last = call_spans(telemetry, "chat")[-1]
     assert any(e.name == sc.EVENT_WARNING and e.attributes["dimension"] == "max_steps" for e in last.events)
-    assert last.attributes[sc.budget_remaining("max_steps")] == 2
+    # the span gives limit and used; remaining, which is limit - used here, it leaves out
+    assert (last.attributes[sc.budget_limit("max_steps")], last.attributes[sc.budget_used("max_steps")]) == (5, 3)
+    assert sc.budget_remaining("max_steps") not in last.attributes
     assert last.attributes[sc.COST_USD] > 0
 
 

@@ -34,14 +34,18 @@ def test_span_tree_under_callers_traceparent(proxy: ProxyFactory, telemetry: Tel
                                default_headers={"traceparent": TRACEPARENT})
         client.chat.completions.create(model="gpt-4o-mini", messages=[{"role": "user", "content": "hi"}])
     spans = telemetry.spans()
-    server = next(s for s in spans if s.kind == SpanKind.SERVER)
     call = telemetry.by_name("chat gpt-4o-mini")[0]
-    assert f"{server.context.trace_id:032x}" == TRACE
-    assert f"{server.parent.span_id:016x}" == PARENT  # child of the caller's span, which ragtoll never ends
-    assert call.parent.span_id == server.context.span_id
-    # two spans per call (and the task's summary when it ends): the upstream exchange has no span of
-    # its own, the call span times it
-    assert sorted(s.name for s in spans) == ["POST /openai", "chat gpt-4o-mini", "ragtoll.task"]
+    # one span per call: the call span is the request's server span, a child of the caller's span
+    # (which ragtoll never ends); the upstream exchange has no span of its own, the call span times it
+    assert call.kind == SpanKind.SERVER
+    assert f"{call.context.trace_id:032x}" == TRACE
+    assert f"{call.parent.span_id:016x}" == PARENT
+    # and the task's summary when it ends
+    assert sorted(s.name for s in spans) == ["chat gpt-4o-mini", "ragtoll.task"]
+    assert call.attributes["http.request.method"] == "POST"
+    assert call.attributes["http.route"] == "/openai/*"
+    assert call.attributes["url.path"] == "/openai/v1/chat/completions"
+    assert call.attributes["http.response.status_code"] == 200
     assert call.attributes["gen_ai.operation.name"] == "chat"
     assert call.attributes["gen_ai.request.model"] == "gpt-4o-mini"
     assert call.attributes["gen_ai.response.model"] == "gpt-4o-mini"
@@ -78,8 +82,8 @@ def test_header_task_gets_a_derived_trace_shared_by_all_its_calls(proxy: ProxyFa
     calls = telemetry.by_name("chat m")
     assert len(calls) == 3
     assert {c.context.trace_id for c in calls} == {derived_trace_id("ticket-42")}
-    servers = [s for s in telemetry.spans() if s.kind == SpanKind.SERVER]
-    assert {s.parent.span_id for s in servers} == {derived_span_id("ticket-42")}
+    assert {c.kind for c in calls} == {SpanKind.SERVER}
+    assert {c.parent.span_id for c in calls} == {derived_span_id("ticket-42")}
     assert {c.attributes["ragtoll.task.source"] for c in calls} == {"header"}
 
 
@@ -110,11 +114,11 @@ def test_spans_arrive_over_otlp_http_and_decode(upstream: Upstream) -> None:
         tp.force_flush()
         tp.shutdown()
     spans = {s["name"]: s for s in receiver.spans}
-    assert {"POST /openai", "chat gpt-4o"} <= set(spans)
+    assert set(spans) == {"chat gpt-4o", "ragtoll.task"}  # one span per call, and the task's summary
     call = spans["chat gpt-4o"]
     assert call["trace_id"] == TRACE
-    assert call["parent_span_id"] == spans["POST /openai"]["span_id"]
-    assert spans["POST /openai"]["parent_span_id"] == PARENT
+    assert call["parent_span_id"] == PARENT
+    assert call["kind"] == 2  # SPAN_KIND_SERVER
     assert call["attributes"]["gen_ai.usage.input_tokens"] == 12
     assert call["resource"]["service.name"] == "ragtoll-test"
 
@@ -179,9 +183,37 @@ def test_a_ratio_sampler_keeps_or_drops_whole_tasks_and_budgets_stay_exact(upstr
     for task in kept:
         trace_id = derived_trace_id(task)
         names = sorted(s.name for s in spans if s.context.trace_id == trace_id)
-        assert names == ["POST /openai"] * 4 + ["chat m"] * 4 + ["ragtoll.task"], task
+        assert names == ["chat m"] * 4 + ["ragtoll.task"], task  # one span per call, the refused one too
     assert {s.context.trace_id for s in spans} == {derived_trace_id(t) for t in kept}
     written = [json.loads(line) for line in records.read_text().splitlines()]
     assert sorted(r["task_id"] for r in written) == sorted(tasks)
     assert {(r["calls"], r["rejections"].get("max_calls")) for r in written} == {(3, 1)}
     tp.shutdown()
+
+
+def test_a_request_refused_early_still_leaves_one_span(proxy: ProxyFactory, telemetry: Telemetry) -> None:
+    """One span per request, whatever ends it: a caller refused before its task is known (401), a
+    path no upstream serves (404), a body ragtoll cannot read (400) or will not hold (413)."""
+    chat = "/openai/v1/chat/completions"
+    with proxy(principals={"anonymous": "refuse"}, server={"max_body_bytes": 4096}) as base, httpx.Client() as http:
+        anonymous = http.post(f"{base}{chat}", json={"model": "m", "messages": []},
+                              headers={"traceparent": TRACEPARENT})
+        unknown = http.get(f"{base}/nowhere/at/all")
+        keyed = {"authorization": "Bearer sk-k"}
+        bad_json = http.post(f"{base}{chat}", content=b'{"model": "m", "model": "n"}', headers=keyed)
+        too_large = http.post(f"{base}{chat}", content=b"x" * 5000, headers=keyed)
+    assert [r.status_code for r in (anonymous, unknown, bad_json, too_large)] == [401, 404, 400, 413]
+    spans = {s.attributes["http.response.status_code"]: s for s in telemetry.spans()}
+    assert sorted(spans) == [400, 401, 404, 413]
+    assert {s.kind for s in spans.values()} == {SpanKind.SERVER}
+    refused = spans[401]
+    # a root: a caller not accepted does not place spans in the trace its traceparent names
+    assert refused.parent is None and f"{refused.context.trace_id:032x}" != TRACE
+    assert refused.attributes["error.type"] == "unauthorized" and "ragtoll.task.id" not in refused.attributes
+    assert refused.name == "POST /openai"
+    assert spans[404].parent is None and spans[404].name == "GET"
+    assert spans[404].attributes["url.path"] == "/nowhere/at/all" and "http.route" not in spans[404].attributes
+    # the duplicate key is refused by the call: its span is the call span, named and with the refusal
+    assert spans[400].name.startswith("chat ") and spans[400].attributes["ragtoll.outcome"] == "rejected"
+    assert spans[400].attributes["error.type"] == "duplicate_json_key"
+    assert spans[413].name == "POST /openai" and spans[413].attributes["http.route"] == "/openai/*"

@@ -55,7 +55,8 @@ def test_client_gone_before_or_during_upload(proxy: ProxyFactory, faulty: Faulty
             assert call_span(telemetry, task).attributes[sc.OUTCOME] == "client_disconnect"
             assert ledger(http, base, task)["in_flight"] == 0
         else:
-            # the request is over when its server span ends; a read body never started the call
+            # the request is over when its span ends (still named by the request: the body never
+            # arrived, so no call was parsed, and the span carries no task)
             assert wait_until(lambda: telemetry.by_name("POST /openai"))
             assert not [s for s in telemetry.spans() if s.attributes.get(sc.TASK_ID) == task]
             gone = http.get(f"{base}/admin/tasks/{task}", headers=ADMIN_HEADERS)

@@ -299,8 +299,34 @@ async def test_settle_replaces_the_reservation_with_the_usage_the_upstream_repor
     assert (ledger.used("completion_tokens"), ledger.used("context_tokens"), ledger.used("inflight")) == (3, 12, 0)
     span = xs.finished(ex)
     assert span.attributes[sc.budget_used("max_completion_tokens")] == 3
-    assert span.attributes[sc.budget_remaining("max_completion_tokens")] == 997
+    assert span.attributes[sc.budget_limit("max_completion_tokens")] == 1000
+    # remaining would be limit - used (997): the span leaves it out (budget_span.py)
+    assert sc.budget_remaining("max_completion_tokens") not in span.attributes
     assert span.attributes[sc.COST_USD] > 0  # gpt-4o-mini has a price
+
+
+async def test_the_span_keeps_remaining_only_where_it_is_not_limit_minus_used() -> None:
+    """The per-call prompt ceiling (every call may use all of it) and tokens held by a call in flight
+    (remaining is the settled figure, as the header gives it) keep `remaining`; the rest leave it out."""
+    xs = Exchanges(budgets=budgets(max_completion_tokens=1000, max_prompt_tokens=5000, max_steps=1))
+    stage = BudgetStage(xs.settings, breaker_for(xs.settings, MemoryStore()), hmac_key=None)
+    in_flight = xs(body={**CHAT, "max_tokens": 600})
+    assert await stage.on_request(in_flight) is None  # holds 600 completion tokens, not settled
+    refused = xs(body={**CHAT, "max_tokens": 100})
+    with pytest.raises(BudgetExceeded):  # max_steps
+        await stage.on_request(refused)
+    attrs = xs.finished(refused).attributes
+    assert attrs[sc.budget_used("max_completion_tokens")] == 600  # the reservation in flight
+    assert attrs[sc.budget_remaining("max_completion_tokens")] == 1000  # nothing settled yet
+    assert attrs[sc.budget_used("max_steps")] == 1 and sc.budget_remaining("max_steps") not in attrs
+    answer(in_flight, {"model": "gpt-4o-mini", "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                                            "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}})
+    await stage.on_end(in_flight)
+    settled = xs.finished(in_flight).attributes
+    assert settled[sc.budget_used("max_prompt_tokens")] > 0 and settled[sc.budget_remaining("max_prompt_tokens")] == 5000
+    assert settled[sc.budget_used("max_completion_tokens")] == 3
+    assert sc.budget_remaining("max_completion_tokens") not in settled
 
 
 async def test_an_error_answer_settles_to_nothing_produced() -> None:

@@ -27,6 +27,8 @@ SOURCE_CONVERSATION_QUERY = "conversation-query"  # a search no tool call asked 
 # sources that name a task ragtoll is sure of: their limits can refuse work. A session (one client's
 # calls within the idle timeout: maybe many users) and a guess by recency or by question are heuristics
 HEURISTIC_SOURCES = frozenset({SOURCE_SESSION, SOURCE_CONVERSATION_RECENT, SOURCE_CONVERSATION_QUERY})
+# sources where the client named the task itself: its calls are its own, never another user's
+NAMED_SOURCES = frozenset({SOURCE_BAGGAGE, SOURCE_TRACEPARENT, SOURCE_HEADER, SOURCE_PER_CALL})
 TASK_ID_PATTERN = re.compile(r"^[A-Za-z0-9._:~@/+=-]{1,128}$")  # what a task id may be (also admin paths)
 OUTPUT_TEXT_KEEP = 16_384  # characters of generated text an observer keeps for content capture
 MAX_TOOL_CALLS = 16  # tool calls of one answer an observer keeps (Observation.tool_calls)

@@ -30,7 +30,7 @@ from ragtoll.instrumentation import semconv as sc
 from ..config import CACHE_KEY_HOSTS, ContextRoute, Settings
 from ..core import context
 from ..core.tally import Tallies, context_record
-from ..model import Call
+from ..model import NAMED_SOURCES, Call
 from ..request.exchange import Exchange, Stage, contract
 
 MAX_TASKS = 10_000
@@ -94,7 +94,7 @@ class ContextStage(Stage):
                         writes="body call filing tallies",
                         # adaptive depth also narrows `observation.chunks` to the results passed on, for
                         # the stages after it (budget, evidence); the cache before it files the whole
-                        # answer on purpose, and a hit is cut here as the live answer was
+                        # answer on purpose, and a hit of a named task is cut here as the live answer was
                         response_reads="route call observation response_body task span",
                         response_writes="response_body response_headers tallies",
                         end_reads="task status call observation span budget_left")
@@ -235,6 +235,11 @@ class ContextStage(Stage):
                 self._depth(ex, len(chunks), len(chunks), reason)
                 return
         if not policy.depth or not chunks:
+            return
+        if ex.proposal is not None and (ex.task is None or ex.task.source not in NAMED_SOURCES):
+            # a hit of a guessed task goes whole, as it always did: a crowd's tasks are told apart by
+            # their conversations, and a search filed under the wrong one whose cut answer holds only
+            # what that task has seen reads as fruitless there (eval_agents.crowd lost answers)
             return
         keep, reason = context.depth([c.score for c in chunks], gap=policy.depth_gap or 0.0,
                                      floor=policy.depth_floor or 0.0)

@@ -463,3 +463,22 @@ def test_a_cache_hit_is_cut_where_the_live_answer_was(cache_proxy: Any, retrieve
     assert first.headers["x-ragtoll-depth"] == second.headers["x-ragtoll-depth"] == "kept=2, returned=4, reason=gap"
     assert [r["id"] for r in second.json()["results"]] == [r["id"] for r in first.json()["results"]]
     assert len(second.json()["results"]) == 2 and int(second.headers["content-length"]) == len(second.content)
+
+
+def test_a_cache_hit_of_a_guessed_task_goes_whole(cache_proxy: Any, retriever: Any) -> None:
+    """Without a task the client names, a search's task is a guess (its conversation), and a crowd's
+    guesses can file one user's search under another's task: there a cut hit holds only what that
+    task has seen and reads as fruitless, so a guessed task's hit is passed on whole, as before."""
+    _, app = retriever
+    app.scores = [1.0, 0.95, 0.4, 0.35]
+    app.sized = True
+    with cache_proxy() as base:
+        answers = []
+        for _ in range(2):
+            answers.append(httpx.post(f"{base}/docs/search", json={"query": "Refund window for annual plans", "top_k": 4},
+                                      headers={"authorization": f"Bearer {ALICE}"}, timeout=10))
+            wait_filed()
+    live, hit = answers
+    assert app.calls == 1 and hit.headers["x-ragtoll-cache"] == "hit; tier=exact"
+    assert live.headers["x-ragtoll-depth"] == "kept=2, returned=4, reason=gap"
+    assert "x-ragtoll-depth" not in hit.headers and len(hit.json()["results"]) == 4

@@ -32,7 +32,7 @@ from .request.caller import CallerResolver
 from .request.conversation import Conversations
 from .request.exchange import Exchange, Stage
 from .request.identify import Identifier, derived_span_id
-from .request.pipeline import Pipeline, Receive, Scope, Send, refusal_span
+from .request.pipeline import Pipeline, Receive, RefusalSpans, Scope, Send
 from .request.routing import Router
 from .request.upstream import UpstreamClient
 from .secrets import budget_hmac_key, environment
@@ -97,6 +97,7 @@ class RagtollApp:
         self.tracer_provider = tracer_provider or trace.get_tracer_provider()
         self.meter_provider = meter_provider or metrics.get_meter_provider()
         self.tracer = self.tracer_provider.get_tracer(TRACER_NAME, __version__)
+        self.refusals = RefusalSpans(self.tracer)  # one bound for the pipeline's refusals and the 404s
         self.router = Router(settings.upstreams)
         self.identifier = Identifier(settings.tasks)
         # identity config (a JWT secret, a JWKS file) is checked here: a bad one stops start-up
@@ -159,7 +160,7 @@ class RagtollApp:
             self.cache.wait_allowance = budget.wait_allowance  # a duplicate never waits past its deadline
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.callers,
                                  self.tracer, on_end=self._record_call, root_sampled=root_sampled(self.tracer_provider),
-                                 conversations=conversations)
+                                 conversations=conversations, refusals=self.refusals)
         ender.listeners.extend(s.annotate for s in stages if isinstance(s, (ContextStage, EvidenceStage)))  # before the span
         ender.listeners.append(self._task_ended)
         task_stages = [s for s in stages if type(s).on_task_end is not Stage.on_task_end]
@@ -330,7 +331,7 @@ class RagtollApp:
 
     async def not_found(self, request: Request, _exc: Exception | None = None) -> Response:
         error = self.router.not_found(request.url.path)
-        refusal_span(self.tracer, request.scope, None, error)  # no upstream: no call span
+        self.refusals.record(request.scope, None, error)  # no upstream: no call span
         return Response(render(error), status_code=error.status, media_type="application/json")
 
 

@@ -11,7 +11,7 @@
 Guarantees: every stage whose `on_request` ran gets exactly one `on_end`, on success, error,
 refusal or client disconnect; one span per request (the call span: kind SERVER, child of the
 caller's context; a request refused before its task is known gets a small span of its own,
-`refusal_span`, a root); the call span ends when the response body ends (or the exchange fails),
+`refusal_span`, a root, at most `REFUSAL_SPANS_PER_SECOND` a second); the call span ends when the response body ends (or the exchange fails),
 never at headers; after response headers are sent the status cannot change (a later failure is
 recorded on the span and the body is cut short: never a fake clean end).
 """
@@ -64,7 +64,7 @@ class Pipeline:
                  identifier: Identifier, callers: CallerResolver, tracer: trace.Tracer,
                  on_end: Callable[[Exchange], None] | None = None,
                  root_sampled: Callable[[int], bool] = lambda _trace_id: True,
-                 conversations: Conversations | None = None) -> None:
+                 conversations: Conversations | None = None, refusals: RefusalSpans | None = None) -> None:
         """Raises ContractError when the stages' order cannot serve what each reads (exchange.py).
         `conversations`: tells the task of an untracked call by its conversation (None: the session)."""
         check_contracts(stages)
@@ -74,6 +74,7 @@ class Pipeline:
         self.stages = stages
         self.identifier = identifier
         self.tracer = tracer
+        self.refusals = refusals or RefusalSpans(tracer)
         self._root_sampled = root_sampled  # the sampling flag of a task's virtual root
         # every byte held for inspection, request bodies and answers, across the process (buffers.py)
         self.inspect_bytes = InspectBytes(settings.server.max_inspect_total_bytes)
@@ -97,7 +98,7 @@ class Pipeline:
             if caller.refusal is not None:  # a token that failed, a refused anonymous caller
                 raise caller.refusal
         except Rejected as exc:
-            refusal_span(self.tracer, scope, route.prefix + "/*", exc)
+            self.refusals.record(scope, route.prefix + "/*", exc)
             await _send_error(send, exc, route.adapter.error_style, [])
             return
         ex = Exchange(route, scope["method"], target, headers, raw_headers, address, time.perf_counter(), task=task,
@@ -320,13 +321,39 @@ def _parent_context(task: TaskRef, headers: dict[str, str], root_sampled: Callab
                        trace_flags=TraceFlags(1 if root_sampled(task.trace_id) else 0))
 
 
+REFUSAL_SPANS_PER_SECOND = 20  # per process; past it a refused request is answered and not traced
+
+
+class RefusalSpans:
+    """Spans of requests refused before their task is known, at most `per_second` a second. Their
+    callers were not accepted, so they must not be able to crowd the span queue every accepted
+    call's span goes through (at ~850 req/s its 2,048 spans already fill): a flood of 401s costs at
+    most `per_second` spans a second, and `skipped` says how many were not traced."""
+
+    def __init__(self, tracer: trace.Tracer, per_second: int = REFUSAL_SPANS_PER_SECOND,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.tracer, self.per_second, self.clock = tracer, per_second, clock
+        self.skipped = 0
+        self._second, self._spent = -1, 0
+
+    def record(self, scope: Scope, route: str | None, error: RagtollError) -> None:
+        second = int(self.clock())
+        if second != self._second:
+            self._second, self._spent = second, 0
+        if self._spent >= self.per_second:
+            self.skipped += 1
+            return
+        self._spent += 1
+        refusal_span(self.tracer, scope, route, error)
+
+
 def refusal_span(tracer: trace.Tracer, scope: Scope, route: str | None, error: RagtollError) -> None:
     """The span of a request refused before its task is known (a caller that failed authentication, a
     task header refused, a path no upstream serves): the request's method, route, path, status and
     error. Always a root, with no task id: the caller was not accepted, so its `traceparent` does not
     place a span in a trace it names (an unauthenticated client could otherwise write into anyone's
     trace whose id it knows). Worst case: one such span per refused request, five attributes, no
-    body read."""
+    body read, and at most `RefusalSpans.per_second` of them a second."""
     attrs = {sc.HTTP_REQUEST_METHOD: scope["method"], sc.URL_PATH: scope["path"][:256], sc.ERROR_TYPE: error.code}
     if route is not None:
         attrs[sc.HTTP_ROUTE] = route

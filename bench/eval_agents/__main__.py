@@ -22,7 +22,6 @@ import tempfile
 import time
 from typing import Any
 
-import orjson
 import yaml
 from ragtoll.proxy.tools import recommend, report
 
@@ -129,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if snippet is not None:
         w("the recommended limits (run 3):\n" + snippet + "\n")
     out["seconds"] = round(time.perf_counter() - t0, 1)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "wb") as fh:
-        fh.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
+    harness.write_results(args.out, out)
     w(f"wrote {args.out}; finished in {out['seconds']:.1f} s\n")
     missed = [f"{label}: {name}" for label, c in out["comparisons"].items()
               for name, t in c["targets"].items() if not t["pass"]]

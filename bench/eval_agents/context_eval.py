@@ -35,8 +35,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
-
 from . import harness, provider
 from .workload import STYLES, Gold, Task, load_gold, load_tasks
 
@@ -261,9 +259,7 @@ def main(argv: list[str] | None = None) -> int:
         w(f"target (all: input cost <= {TARGET_RATIO}x at 0 lost on every style): all tasks "
           f"{'PASS' if out['target']['all_pass'] else 'MISS'}, "
           f"half B {'PASS' if out['target']['half_b_pass'] else 'MISS'}\n")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "wb") as fh:
-        fh.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
+    harness.write_results(args.out, out)
     w(f"wrote {args.out}; {out['seconds']:.1f} s\n")
     return 0
 

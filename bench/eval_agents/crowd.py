@@ -284,9 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     for label in ("traced", "crowd", "before"):
         if label in out:
             w(f"{label}: {orjson.dumps(out[label]).decode()}\n")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "wb") as fh:
-        fh.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
+    harness.write_results(args.out, out)
     w(f"wrote {args.out}\n")
     return 0
 

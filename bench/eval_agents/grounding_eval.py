@@ -30,7 +30,6 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import orjson
 from ragtoll.proxy.core import grounding
 from ragtoll.proxy.tools.demo import scoring as demo_scoring
 
@@ -161,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{s['point_biserial']:.3f}; mean groundedness correct {s['mean_correct']:.2f}, wrong {s['mean_wrong']:.2f}; "
           + ", ".join(f"{k} {v['mean']:.2f} ({v['correct']}/{v['n']} correct)" for k, v in s["kinds"].items()) + "\n")
     out["seconds"] = round(time.perf_counter() - t0, 1)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "wb") as fh:
-        fh.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
+    harness.write_results(args.out, out)
     w(f"wrote {args.out}; finished in {out['seconds']:.1f} s\n")
     return 0
 

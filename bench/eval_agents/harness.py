@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -50,6 +51,13 @@ class Stack:
     ledger: provider.Ledger | None = None
     preamble: str = ""
     api: str = "openai"  # the LLM's API: openai, or anthropic (anthropic_side.py)
+
+
+def write_results(path: str, out: dict[str, Any]) -> None:
+    """An evaluation's JSON results at `path` (its folder made if missing)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(orjson.dumps(out, option=orjson.OPT_INDENT_2) + b"\n")
 
 
 @contextlib.contextmanager

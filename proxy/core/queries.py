@@ -65,27 +65,24 @@ def query_key(route: str, text: str | None, vector: list[float] | None, filters:
     top_k is deliberately not part of the key: a cached top_k=10 can serve top_k<=10.
     A vector is keyed by its float64 bytes, so the same embedding from any client matches.
     """
-    h = xxhash.xxh3_128()
-    h.update(route.encode("utf-8", "surrogatepass"))
-    if text is not None:
-        h.update(b"\x00t\x00")
-        h.update(normalize(text).encode("utf-8", "surrogatepass"))
-    if vector is not None:
-        h.update(b"\x00v\x00")
-        h.update(struct.pack(f"<{len(vector)}d", *vector))
-    h.update(b"\x00f\x00")
-    h.update(filters_json(filters))
-    return h.hexdigest()
+    return _key(route, None if text is None else (b"\x00t\x00", normalize(text)), vector, filters)
 
 
 def oversized_key(route: str, text: str, vector: list[float] | None, filters: Any) -> str:
     """xxh3-128 hex key of a query too long to read (past `server.max_query_chars`): its raw text,
     hashed as sent (never normalised: linear in the text, and two spellings stay two queries, a
     key never looser than the upstream), with the route, vector and filters as `query_key` has them."""
+    return _key(route, (b"\x00raw\x00", text), vector, filters)
+
+
+def _key(route: str, text: tuple[bytes, str] | None, vector: list[float] | None, filters: Any) -> str:
+    """The hash both keys share: the route, the text under its tag (normalised or raw), the vector's
+    float64 bytes, the canonical filters."""
     h = xxhash.xxh3_128()
     h.update(route.encode("utf-8", "surrogatepass"))
-    h.update(b"\x00raw\x00")
-    h.update(text.encode("utf-8", "surrogatepass"))
+    if text is not None:
+        h.update(text[0])
+        h.update(text[1].encode("utf-8", "surrogatepass"))
     if vector is not None:
         h.update(b"\x00v\x00")
         h.update(struct.pack(f"<{len(vector)}d", *vector))

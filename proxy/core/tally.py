@@ -20,6 +20,8 @@ EVIDENCE = "evidence."  # ... and of the `evidence` object's token counts
 CONTEXT_COUNTS = ("llm_calls", "input_tokens", "cache_keys_set", "breakpoints_added", "chunks_referenced",
                   "evidence_chars_saved", "results_trimmed", "searches_widened", "budget_notes")
 EVIDENCE_COUNTS = ("prompt_tokens", "resent_tokens")
+# every count of a record's `context` object (its share is derived from two of them)
+RECORD_COUNTS = (*CONTEXT_COUNTS, "cached_input_tokens", "cache_write_tokens")
 
 
 @dataclass(slots=True)
@@ -55,7 +57,7 @@ def _ledger_name(name: str) -> str:
 def context_record(counts: Mapping[str, int]) -> dict[str, Any]:
     """A record's `context` object from a task's sums (CONTEXT_COUNTS with `cached_input_tokens`
     and `cache_write_tokens`; a missing count is 0)."""
-    n = {k: int(counts.get(k, 0)) for k in (*CONTEXT_COUNTS, "cached_input_tokens", "cache_write_tokens")}
+    n = {k: int(counts.get(k, 0)) for k in RECORD_COUNTS}
     share = round(n["cached_input_tokens"] / n["input_tokens"], 4) if n["input_tokens"] else None
     return {"llm_calls": n["llm_calls"], "input_tokens": n["input_tokens"],
             "cached_input_tokens": n["cached_input_tokens"], "cache_write_tokens": n["cache_write_tokens"],

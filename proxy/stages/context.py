@@ -29,7 +29,7 @@ from ragtoll.instrumentation import semconv as sc
 
 from ..config import CACHE_KEY_HOSTS, ContextRoute, Settings
 from ..core import context
-from ..core.tally import Tallies, context_record
+from ..core.tally import RECORD_COUNTS, Tallies, context_record
 from ..model import NAMED_SOURCES, Call
 from ..request.exchange import Exchange, Stage, contract
 
@@ -62,15 +62,12 @@ class Tally:
     queries: set[int] = field(default_factory=set)  # hashes of the queries judged (first passes), bounded
     budget_left: dict[str, float] | None = None  # as the budget said on the task's latest call
 
+    @property
+    def searches_widened(self) -> int:
+        return int(self.widen == "done")
+
     def record(self) -> dict[str, Any]:
-        return context_record({"llm_calls": self.llm_calls, "input_tokens": self.input_tokens,
-                               "cached_input_tokens": self.cached_input_tokens,
-                               "cache_write_tokens": self.cache_write_tokens, "cache_keys_set": self.cache_keys_set,
-                               "breakpoints_added": self.breakpoints_added,
-                               "chunks_referenced": self.chunks_referenced,
-                               "evidence_chars_saved": self.evidence_chars_saved,
-                               "results_trimmed": self.results_trimmed,
-                               "searches_widened": int(self.widen == "done"), "budget_notes": self.budget_notes})
+        return context_record({k: getattr(self, k) for k in RECORD_COUNTS})
 
 
 def _policy_key(settings: Settings, policy: ContextRoute, url: str) -> str:

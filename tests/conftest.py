@@ -4,7 +4,7 @@ real Redis, the admin token."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
+from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
+from ragtoll.proxy.stores.evidence_redis import RedisEvidenceStore
 from support.admin import ADMIN_TOKEN
 from support.budget_cluster import start_budget_cluster
 from support.faulty import FaultyUpstream
@@ -126,6 +128,17 @@ def redis_url() -> Iterator[str]:
         yield proc.url
     finally:
         stop_all([proc])
+
+
+@pytest.fixture(params=["memory", "redis"])
+async def evidence_store(request: pytest.FixtureRequest) -> AsyncIterator[MemoryEvidenceStore | RedisEvidenceStore]:
+    """An evidence store, in memory and then on the session's Redis."""
+    if request.param == "memory":
+        yield MemoryEvidenceStore()
+        return
+    s = RedisEvidenceStore.from_url(request.getfixturevalue("redis_url"))
+    yield s
+    await s.aclose()
 
 
 @pytest.fixture(scope="session")

@@ -7,8 +7,6 @@ another caller's query text; a key sent twice was read at its last value. Each t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 from ragtoll.proxy import config
@@ -18,7 +16,6 @@ from ragtoll.proxy.cache.partition import normalize_query
 from ragtoll.proxy.errors import ConfigError
 from ragtoll.proxy.model import Principal
 from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
-from ragtoll.proxy.stores.evidence_redis import RedisEvidenceStore
 from support.adapter_fixtures import adapter, parse
 
 ALICE = Principal("alice", frozenset({"staff"}))
@@ -39,16 +36,6 @@ SAME = [
 ]
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[MemoryEvidenceStore | RedisEvidenceStore]:
-    if request.param == "memory":
-        yield MemoryEvidenceStore()
-        return
-    s = RedisEvidenceStore.from_url(request.getfixturevalue("redis_url"))
-    yield s
-    await s.aclose()
-
-
 async def filed_then_asked(cache: EvidenceCache, route: str, first: str, second: str) -> bool:
     """Whether `second` is served the entry `first` filed."""
     lk = await cache.lookup(Query(route, first, None, 5, ALICE))
@@ -58,28 +45,28 @@ async def filed_then_asked(cache: EvidenceCache, route: str, first: str, second:
 
 
 @pytest.mark.parametrize(("first", "second"), APART)
-async def test_texts_an_upstream_tells_apart_never_share_an_entry(store: MemoryEvidenceStore, first: str,
+async def test_texts_an_upstream_tells_apart_never_share_an_entry(evidence_store: MemoryEvidenceStore, first: str,
                                                                  second: str) -> None:
     import uuid
 
     route = f"docs-{uuid.uuid4().hex[:8]}"  # the Redis server is shared by the session
-    assert not await filed_then_asked(EvidenceCache(store), route, first, second)
+    assert not await filed_then_asked(EvidenceCache(evidence_store), route, first, second)
 
 
 @pytest.mark.parametrize(("first", "second"), SAME)
-async def test_whitespace_and_unicode_form_share_an_entry(store: MemoryEvidenceStore, first: str,
+async def test_whitespace_and_unicode_form_share_an_entry(evidence_store: MemoryEvidenceStore, first: str,
                                                           second: str) -> None:
     import uuid
 
-    assert await filed_then_asked(EvidenceCache(store), f"docs-{uuid.uuid4().hex[:8]}", first, second)
+    assert await filed_then_asked(EvidenceCache(evidence_store), f"docs-{uuid.uuid4().hex[:8]}", first, second)
 
 
 async def test_a_route_whose_upstream_ignores_case_folds_it_but_keeps_operators_and_wildcards(
-        store: MemoryEvidenceStore) -> None:
+        evidence_store: MemoryEvidenceStore) -> None:
     import uuid
 
     route = f"docs-{uuid.uuid4().hex[:8]}"
-    cache = EvidenceCache(store, normalize_routes={route: ("whitespace", "nfc", "casefold", "width")})
+    cache = EvidenceCache(evidence_store, normalize_routes={route: ("whitespace", "nfc", "casefold", "width")})
     assert await filed_then_asked(cache, route, "SKU-AB12", "sku-ab12")
     assert await filed_then_asked(cache, route, "Ｒｅｆｕｎｄ  Window", "refund window")
     assert not await filed_then_asked(cache, route, "cats AND dogs", "cats and dogs")

@@ -5,14 +5,12 @@ newer values brings an old one back as new."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from ragtoll.proxy.cache.evidence import EvidenceCache, Query
 from ragtoll.proxy.cache.versions import VersionSuperseded, probed_version
 from ragtoll.proxy.model import Principal
 from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
-from ragtoll.proxy.stores.evidence_redis import RedisEvidenceStore
 
 ALICE = Principal("alice", frozenset({"staff"}))
 
@@ -25,57 +23,47 @@ class Clock:
         return self.now
 
 
-@pytest.fixture(params=["memory", "redis"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[MemoryEvidenceStore | RedisEvidenceStore]:
-    if request.param == "memory":
-        yield MemoryEvidenceStore()
-        return
-    s = RedisEvidenceStore.from_url(request.getfixturevalue("redis_url"))
-    yield s
-    await s.aclose()
-
-
 def source() -> str:
     return f"docs-{uuid.uuid4().hex[:8]}"  # the Redis server is shared by the session
 
 
-async def test_no_number_of_newer_values_brings_an_old_one_back(store: MemoryEvidenceStore) -> None:
+async def test_no_number_of_newer_values_brings_an_old_one_back(evidence_store: MemoryEvidenceStore) -> None:
     name = source()
-    assert (await store.advance_source(name, "pushed", "v-old", 1.0))[1]
+    assert (await evidence_store.advance_source(name, "pushed", "v-old", 1.0))[1]
     for i in range(1001):  # more than the old window of 1,000 values remembered
-        assert (await store.advance_source(name, "pushed", f"v{i}", 2.0 + i))[1]
-    fields, current = await store.advance_source(name, "pushed", "v-old", 5000.0)
+        assert (await evidence_store.advance_source(name, "pushed", f"v{i}", 2.0 + i))[1]
+    fields, current = await evidence_store.advance_source(name, "pushed", "v-old", 5000.0)
     assert not current and fields["pushed"] == "v1000"
-    fields, current = await store.advance_source(name, "pushed", "v1", 5001.0)  # any superseded value
+    fields, current = await evidence_store.advance_source(name, "pushed", "v1", 5001.0)  # any superseded value
     assert not current and fields["pushed"] == "v1000"
 
 
-async def test_an_old_push_is_refused_by_the_admin_path_after_many_newer_ones(store: MemoryEvidenceStore) -> None:
-    cache = EvidenceCache(store)
+async def test_an_old_push_is_refused_by_the_admin_path_after_many_newer_ones(evidence_store: MemoryEvidenceStore) -> None:
+    cache = EvidenceCache(evidence_store)
     name = source()
     await cache.versions.set(name, "release-1")
     for i in range(1001):
-        await store.advance_source(name, "pushed", f"r{i}", 10.0 + i)
+        await evidence_store.advance_source(name, "pushed", f"r{i}", 10.0 + i)
     with pytest.raises(VersionSuperseded):
         await cache.versions.set(name, "release-1")
     assert (await cache.versions.state(name, fresh=True)).pushed == "r1000"
 
 
-async def test_a_released_claim_lets_the_next_caller_probe(store: MemoryEvidenceStore) -> None:
+async def test_a_released_claim_lets_the_next_caller_probe(evidence_store: MemoryEvidenceStore) -> None:
     name = source()
-    assert (await store.claim_probe(name, 100.0, 60.0))[0]
-    await store.release_probe(name, 100.0)
-    assert (await store.claim_probe(name, 101.0, 60.0))[0]
-    await store.release_probe(name, 100.0)  # not ours any more: the newer claim stands
-    assert not (await store.claim_probe(name, 102.0, 60.0))[0]
+    assert (await evidence_store.claim_probe(name, 100.0, 60.0))[0]
+    await evidence_store.release_probe(name, 100.0)
+    assert (await evidence_store.claim_probe(name, 101.0, 60.0))[0]
+    await evidence_store.release_probe(name, 100.0)  # not ours any more: the newer claim stands
+    assert not (await evidence_store.claim_probe(name, 102.0, 60.0))[0]
 
 
-async def test_a_probe_refused_for_the_callers_credentials_claims_nothing(store: MemoryEvidenceStore) -> None:
+async def test_a_probe_refused_for_the_callers_credentials_claims_nothing(evidence_store: MemoryEvidenceStore) -> None:
     """The reproduction: a caller the source refuses (401) triggers the probe; the good callers after
     it, on this replica and on another one sharing the store, still get a probe of their own."""
     clock = Clock()
     name = source()
-    replicas = [EvidenceCache(store, max_staleness_s=60, clock=clock) for _ in range(2)]
+    replicas = [EvidenceCache(evidence_store, max_staleness_s=60, clock=clock) for _ in range(2)]
     lk = await replicas[0].lookup(Query(name, "q", None, 5, ALICE))
     await replicas[0].store_evidence(lk, chunk_ids=["a"], acls=[("staff",)], body=b'{"results": []}', version="v1")
     asked: list[int] = []

@@ -13,16 +13,9 @@ from ragtoll.proxy.cache.evidence import EvidenceCache, Query
 from ragtoll.proxy.errors import ConfigError
 from ragtoll.proxy.model import Principal
 from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
+from support.clock import Clock
 
 ALICE = Principal("alice", frozenset({"staff"}))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")

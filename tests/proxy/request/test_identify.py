@@ -6,16 +6,9 @@ import pytest
 from ragtoll.proxy.config import TasksConfig
 from ragtoll.proxy.errors import TaskRequired
 from ragtoll.proxy.request.identify import Identifier, derived_trace_id, parse_baggage, parse_traceparent
+from support.clock import Clock
 
 TP = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def ident(**kw: object) -> Identifier:

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 from ragtoll.proxy.stores.evidence import Entry
 from ragtoll.proxy.stores.evidence_memory import MemoryEvidenceStore
 from ragtoll.proxy.stores.evidence_redis import RedisEvidenceStore
+from support.clock import Clock
 
 
 def unit(*xs: float) -> np.ndarray:
@@ -162,16 +163,8 @@ async def test_redis_keys_share_the_partition_hash_tag_and_all_expire(redis_url:
         await client.aclose()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_memory_ttl_and_lru_bounds() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     store = MemoryEvidenceStore(max_entries=3, max_bytes=10_000, clock=clock)
     for i in range(4):
         await store.put("p", f"q{i}", entry(f"q{i}"), unit(1, i, 0), 60)

@@ -75,25 +75,31 @@ def unused_port() -> int:
         return int(probe.getsockname()[1])
 
 
+def instrumented(script: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """`script` under opentelemetry-instrument with `env` over this environment's, less its OTEL_ and
+    RAGTOLL_ variables; it must exit within MUST_EXIT_WITHIN_S."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGTOLL_"))}
+    return subprocess.run(
+        [INSTRUMENT, sys.executable, str(script)],
+        env={**inherited, **env},
+        capture_output=True,
+        text=True,
+        timeout=MUST_EXIT_WITHIN_S,
+        check=False,
+    )
+
+
 def run_agent(tmp_path: Path, port: int, protocol: str, **extra: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "agent.py"
     script.write_text(AGENT)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGTOLL_"))}
-    env.update(
+    done = instrumented(
+        script,
         OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
         OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
         OTEL_EXPORTER_OTLP_TIMEOUT=str(SDK_TIMEOUT_S),
         OTEL_SERVICE_NAME="stalled-agent",
         RAGTOLL_TASK_ROOT="process",
         **extra,
-    )
-    done = subprocess.run(
-        [INSTRUMENT, sys.executable, str(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=MUST_EXIT_WITHIN_S,
-        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "agent done"
@@ -160,16 +166,8 @@ def test_an_agent_that_shut_its_providers_down_itself_hears_nothing_more(tmp_pat
         "trace.get_tracer_provider().shutdown()\n"
         "print('agent done', flush=True)\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "RAGTOLL_"))}
-    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{unused_port()}", OTEL_LOGS_EXPORTER="none")
-    done = subprocess.run(
-        [INSTRUMENT, sys.executable, str(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=MUST_EXIT_WITHIN_S,
-        check=False,
-    )
+    done = instrumented(script, OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{unused_port()}",
+                        OTEL_LOGS_EXPORTER="none")
     assert done.returncode == 0 and done.stdout.strip() == "agent done", done.stderr
     assert "shutdown can only be called once" not in done.stderr
     assert "ragtoll: telemetry not exported" not in done.stderr

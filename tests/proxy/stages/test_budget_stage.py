@@ -435,15 +435,22 @@ async def test_a_failed_settle_is_recorded_and_does_not_raise() -> None:
         ["settle failed: ConnectionError"]
 
 
-async def test_a_failed_settle_leaves_the_reservations_record_on_the_span_before_its_failure() -> None:
-    """The settle writes the reservation's record with its own values in one write; when the store
-    fails, the reserve-time values stand and the failure's event comes after the charge."""
+async def reserved_and_answered() -> tuple[Exchanges, CountingStore, BudgetStage, Exchange]:
+    """A chat call that reserved 500 of its task's 1,000 completion tokens and was answered; its
+    settle (`on_end`) is the test's to run."""
     xs = Exchanges(budgets=budgets(max_completion_tokens=1000))
     store = CountingStore(MemoryStore())
     stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
     ex = xs(body={**CHAT, "max_tokens": 500})
     await stage.on_request(ex)
     answer(ex, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    return xs, store, stage, ex
+
+
+async def test_a_failed_settle_leaves_the_reservations_record_on_the_span_before_its_failure() -> None:
+    """The settle writes the reservation's record with its own values in one write; when the store
+    fails, the reserve-time values stand and the failure's event comes after the charge."""
+    xs, store, stage, ex = await reserved_and_answered()
     store.fail_settle = True
     await stage.on_end(ex)
     span = xs.finished(ex)
@@ -454,12 +461,7 @@ async def test_a_failed_settle_leaves_the_reservations_record_on_the_span_before
 
 
 async def test_a_settle_cancelled_while_the_store_answers_still_writes_the_reservations_record() -> None:
-    xs = Exchanges(budgets=budgets(max_completion_tokens=1000))
-    store = CountingStore(MemoryStore())
-    stage = BudgetStage(xs.settings, breaker_for(xs.settings, store), hmac_key=None)
-    ex = xs(body={**CHAT, "max_tokens": 500})
-    await stage.on_request(ex)
-    answer(ex, {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+    xs, store, stage, ex = await reserved_and_answered()
     store.hang_settle = True
     ending = asyncio.ensure_future(stage.on_end(ex))
     while store.settles == 0:

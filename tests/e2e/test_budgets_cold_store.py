@@ -60,15 +60,6 @@ def burst(bases: list[str], task_id: str, n: int = BURST) -> list[httpx.Response
     return asyncio.run(main())
 
 
-def pause(server: RedisProcess, ms: int) -> None:
-    """Stall every command of every other client for `ms` (they queue, then run)."""
-    client = redis.Redis(port=server.port)
-    try:
-        client.client_pause(ms, all=True)
-    finally:
-        client.close()
-
-
 def degraded_admissions(base: str) -> dict[str, float]:
     """`ragtoll_budget_degraded_admissions_total` of one replica, by bound."""
     text = httpx.get(f"{base}/metrics", timeout=10).text
@@ -94,7 +85,7 @@ def test_a_burst_over_three_fresh_replicas_stays_within_the_bound(
     task_id = f"cold-{uuid.uuid4().hex}"
     with replicas(procs) as bases:
         if stall == "paused":
-            pause(own_redis, PAUSE_MS)
+            own_redis.pause(PAUSE_MS)
         answers = burst(bases, task_id)
         counted = [degraded_admissions(b) for b in bases]
     forwarded = upstream.app.state.calls.get(CHAT, 0)
@@ -121,7 +112,7 @@ def test_a_stalled_store_admits_no_more_than_the_limit_per_replica(
            "budgets": budgets(max_steps=LIMIT), "cache": {"enabled": False}}
     with proxy(**cfg) as base:
         assert wait_until(lambda: httpx.get(f"{base}/readyz").status_code == 200, 30)
-        pause(own_redis, PAUSE_MS)  # only the redis parameter uses it
+        own_redis.pause(PAUSE_MS)  # only the redis parameter uses it
         answers = burst([base], f"stall-{uuid.uuid4().hex}")
     assert [a.status_code for a in answers].count(200) == LIMIT
     assert upstream.app.state.calls[CHAT] == LIMIT
@@ -182,7 +173,7 @@ def test_streams_whose_store_stalls_mid_way_stay_within_the_bound(
                     headers={"x-ragtoll-task-id": task_id, "x-test-words": words, "x-test-delay": "0.002"})
                 for i in range(STREAMS)])
             await asyncio.sleep(0.3)  # the streams are under way (admitted by the store, most of them)
-            await asyncio.to_thread(pause, own_redis, PAUSE_MS)
+            await asyncio.to_thread(own_redis.pause, PAUSE_MS)
             return await calls
 
     with replicas(procs) as bases:

@@ -51,6 +51,14 @@ class RedisProcess:
                     raise RuntimeError(f"redis-server on {self.port} did not start") from None
                 time.sleep(0.05)
 
+    def pause(self, ms: int) -> None:
+        """Stall every command of every other client for `ms` (CLIENT PAUSE ALL: they queue, then run)."""
+        client = redis.Redis(port=self.port, password=self.password)
+        try:
+            client.client_pause(ms, all=True)
+        finally:
+            client.close()
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()

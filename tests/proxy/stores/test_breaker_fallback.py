@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-import redis
 from ragtoll.proxy.core.budget import Actual, Charge
 from ragtoll.proxy.stores.base import TaskMeta
 from ragtoll.proxy.stores.breaker import LOCAL_PREFIX, Breaker
@@ -51,9 +50,7 @@ async def test_a_stalled_store_is_decided_on_the_local_ledger(paused: RedisProce
     before = asyncio.all_tasks()
     try:
         await store.warm()
-        admin = redis.Redis(port=paused.port)
-        admin.client_pause(3000, all=True)
-        admin.close()
+        paused.pause(3000)
         first = await breaker.reserve(task, meta, LIMITS, STEP, wall_ms())  # times out, then decides locally
         second = await breaker.reserve(task, meta, LIMITS, STEP, wall_ms())  # the breaker skips the store
         third = await breaker.reserve(task, meta, LIMITS, STEP, wall_ms())
@@ -78,9 +75,7 @@ async def test_without_a_fallback_a_stalled_store_raises(paused: RedisProcess) -
     before = asyncio.all_tasks()
     try:
         await store.warm()
-        admin = redis.Redis(port=paused.port)
-        admin.client_pause(2000, all=True)
-        admin.close()
+        paused.pause(2000)
         with pytest.raises(TimeoutError):
             await breaker.reserve(f"t-{uuid.uuid4().hex}", TaskMeta("p"), LIMITS, STEP, wall_ms())
         await reconciled(before)

@@ -112,7 +112,10 @@ def ragtoll_config(tmp: Path, name: str, port: int, upstream: str, **upstream_op
     cfg = tmp / f"{name}.yaml"
     cfg.write_text(json.dumps({
         "server": {"host": "127.0.0.1", "port": port},
-        "tasks": {"untracked": "per-call"},  # one task per call: every call opens a ledger
+        # one task per call: every call opens a ledger; idle tasks end within a second, so each
+        # task's end (record, summary span, task metrics) falls inside the phase that made it and
+        # counts in its CPU per call, whether the task ends with its call or with the idle sweep
+        "tasks": {"untracked": "per-call", "idle_timeout_s": 1},
         # every dimension limited (all are checked on every call), none reached by a one-call task
         "budgets": {"records_file": str(tmp / f"{name}-tasks.jsonl"), "default_profile": "bench", "profiles": {
             "bench": {"max_steps": 8, "max_calls": 8, "max_retrieval_calls": 8, "max_unique_queries": 8,

@@ -36,7 +36,7 @@ KINDS = frozenset({"llm", "embeddings", "retrieval", "rerank", "other"})
 OUTCOMES = frozenset({"ok", "rejected", "upstream_error", "client_disconnect", "error", "cache_hit"})
 CACHE_RESULTS = frozenset({"hit", "miss", "bypass", "denied", "stale", "error"})
 CACHE_TIERS = frozenset({"exact", "semantic", "embeddings", "rerank", "none"})
-END_REASONS = frozenset({"explicit", "idle", "exceeded", "expired"})
+END_REASONS = frozenset({"explicit", "idle", "call", "shutdown", "exceeded", "expired"})
 DEGRADED_BOUNDS = frozenset({"local", "none"})
 
 # Every attribute key any ragtoll metric may carry. Nothing per task, per trace or per user.

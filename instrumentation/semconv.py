@@ -36,7 +36,7 @@ TASK_SOURCE = "ragtoll.task.source"
 TASK_NOTES = "ragtoll.task.notes"
 TASK_MATCH = "ragtoll.task.match"  # conversation sources: the rule that tied the call to its conversation
 TASK_CONFIDENCE = "ragtoll.task.confidence"  # conversation sources: how sure that rule is (1.0: exact)
-TASK_END_REASON = "ragtoll.task.end_reason"  # explicit | idle | exceeded | expired
+TASK_END_REASON = "ragtoll.task.end_reason"  # explicit | idle | call (a per-call task) | shutdown
 TASK_CALLS = "ragtoll.task.calls"  # ragtoll.task summary span: calls of the task
 # ragtoll.task summary span: the task record's totals, `ragtoll.task.<record key>`
 TASK_TOTALS = ("steps", "retrieval_calls", "unique_queries", "rerank_calls", "context_tokens",

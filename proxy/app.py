@@ -28,6 +28,7 @@ from . import __version__
 from .config import Settings
 from .core import tokens
 from .errors import NotFound, ShuttingDown, render
+from .model import SOURCE_PER_CALL
 from .request.caller import CallerResolver
 from .request.conversation import Conversations
 from .request.exchange import Exchange, Stage
@@ -115,6 +116,7 @@ class RagtollApp:
                                profiles=list(settings.budgets.profiles), version=__version__)
         self.cache: CacheStage | None = None  # the cache stage while serving (its lifespan)
         self.warmed = False  # the store answered and its scripts are loaded (`/readyz` waits for it)
+        self.ender: TaskEnder | None = None  # ends tasks while serving (its lifespan)
         self.starlette = Starlette(
             routes=[
                 HttpRoute("/healthz", self.healthz, methods=["GET", "HEAD"]),
@@ -160,12 +162,13 @@ class RagtollApp:
             self.cache.wait_allowance = budget.wait_allowance  # a duplicate never waits past its deadline
         self.pipeline = Pipeline(self.settings, self.router, client, stages, self.identifier, self.callers,
                                  self.tracer, on_end=self._record_call, root_sampled=root_sampled(self.tracer_provider),
-                                 conversations=conversations, refusals=self.refusals)
+                                 conversations=conversations, refusals=self.refusals,
+                                 end_task=self._end_per_call_task)
         ender.listeners.extend(s.annotate for s in stages if isinstance(s, (ContextStage, EvidenceStage)))  # before the span
         ender.listeners.append(self._task_ended)
         task_stages = [s for s in stages if type(s).on_task_end is not Stage.on_task_end]
         ender.listeners.append(lambda record: _forget(task_stages, str(record.get("task_id"))))
-        self.admin.ender = ender
+        self.admin.ender = self.ender = ender
         if self.cache is not None:
             self.admin.set_source_version = self.cache.set_source_version
         # Everything made so far (modules, encodings, config) lives as long as the process: keep it
@@ -195,7 +198,7 @@ class RagtollApp:
             if principal is not None:
                 await principal.drain()  # the ended tasks' releases, before the store closes
             self.pipeline = None
-            self.admin.ender = None
+            self.admin.ender = self.ender = None
             self.admin.set_source_version = None
             if self.cache is not None:
                 await self.cache.aclose()
@@ -272,6 +275,15 @@ class RagtollApp:
         body, content_type = render_prometheus(self.prometheus, request.headers.get("accept", ""))
         return Response(body, media_type=content_type)
 
+    async def _end_per_call_task(self, ex: Exchange) -> None:
+        """A per-call task's call is settled: the task ends now, and its summary goes on the call's
+        span, the trace's root (the pipeline's `end_task` hook; only per-call tasks reach it)."""
+        if self.ender is None or ex.task is None:
+            return
+        record = await self.ender.end_with_call(ex.task.id)
+        if record is not None and ex.span.is_recording():
+            ex.span.set_attributes(_task_attributes(record, on_call_span=getattr(ex.span, "attributes", None) or {}))
+
     def _record_call(self, ex: Exchange) -> None:
         """Metrics of one finished call (the pipeline's failsafe end hook)."""
         adm = ex.admission
@@ -304,24 +316,11 @@ class RagtollApp:
                                      cached_input_tokens=record["cached_input_tokens"],
                                      evidence_tokens=evidence.get("prompt_tokens"),
                                      evidence_resent_tokens=evidence.get("resent_tokens"))
-        if not record.get("trace_id") or not record.get("started_at"):
-            return
+        if not record.get("trace_id") or not record.get("started_at") or record.get("task_source") == SOURCE_PER_CALL:
+            return  # a per-call task's summary is on its call's span (`_end_per_call_task`)
         task_id = record["task_id"]
         named_by_caller = record.get("task_source") == "traceparent"
-        attrs = {sc.TASK_SOURCE: record.get("task_source") or "", sc.PROFILE: record["profile"] or "",
-                 sc.COST_USD: record["cost_usd"], sc.TASK_CALLS: record["calls"],
-                 sc.BUDGET_EXCEEDED: bool(record["exhausted"]), sc.TASK_END_REASON: record["end_reason"],
-                 **{sc.task_total(k): record[k] for k in sc.TASK_TOTALS if isinstance(record.get(k), int)}}
-        for key, value in ((sc.TASK_CLASS, record.get("class")), (sc.TASK_ROUTE, record.get("route"))):
-            if value:
-                attrs[key] = value
-        correct = (record.get("outcome") or {}).get("correct")
-        if isinstance(correct, bool):
-            attrs[sc.TASK_CORRECT] = correct
-        if record.get("groundedness") is not None:
-            attrs[sc.TASK_GROUNDEDNESS] = record["groundedness"]
-        if record["exhausted"]:
-            attrs[sc.BUDGET_EXCEEDED_DIMENSION] = record["exhausted"]
+        attrs = _task_attributes(record, on_call_span=None)
         emit_task_span(
             self.tracer_provider, task_id, int(record["trace_id"], 16),
             None if named_by_caller else derived_span_id(task_id),
@@ -333,6 +332,39 @@ class RagtollApp:
         error = self.router.not_found(request.url.path)
         self.refusals.record(request.scope, None, error)  # no upstream: no call span
         return Response(render(error), status_code=error.status, media_type="application/json")
+
+
+# a task total and the budget dimension whose `used` counts the same (on a one-call task's call span)
+_TOTAL_DIMENSIONS = {"steps": "max_steps", "retrieval_calls": "max_retrieval_calls",
+                     "unique_queries": "max_unique_queries", "rerank_calls": "max_rerank_calls",
+                     "context_tokens": "max_context_tokens", "completion_tokens": "max_completion_tokens",
+                     "stalled_retrievals": "max_stalled_retrievals"}
+
+
+def _task_attributes(record: Mapping[str, Any], *, on_call_span: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The task summary's attributes, from its record. `on_call_span`: the attributes of the call span
+    a per-call task's summary goes on; what that span already says is left out (the id, the source,
+    the one call, and each total its budget's `ragtoll.budget.<dim>.used` already counts)."""
+    span = on_call_span if on_call_span is not None else {}
+    attrs: dict[str, Any] = {} if on_call_span is not None else {
+        sc.TASK_SOURCE: record.get("task_source") or "", sc.TASK_CALLS: record["calls"]}
+    attrs.update({sc.PROFILE: record["profile"] or "", sc.COST_USD: record["cost_usd"],
+                  sc.BUDGET_EXCEEDED: bool(record["exhausted"]), sc.TASK_END_REASON: record["end_reason"]})
+    for key in sc.TASK_TOTALS:
+        dim = _TOTAL_DIMENSIONS.get(key)
+        if isinstance(record.get(key), int) and (dim is None or span.get(sc.budget_used(dim)) != record[key]):
+            attrs[sc.task_total(key)] = record[key]
+    for key, value in ((sc.TASK_CLASS, record.get("class")), (sc.TASK_ROUTE, record.get("route"))):
+        if value:
+            attrs[key] = value
+    correct = (record.get("outcome") or {}).get("correct")
+    if isinstance(correct, bool):
+        attrs[sc.TASK_CORRECT] = correct
+    if record.get("groundedness") is not None:
+        attrs[sc.TASK_GROUNDEDNESS] = record["groundedness"]
+    if record["exhausted"]:
+        attrs[sc.BUDGET_EXCEEDED_DIMENSION] = record["exhausted"]
+    return attrs
 
 
 def _principal_dimension(ex: Exchange) -> str | None:

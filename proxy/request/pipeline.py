@@ -19,12 +19,14 @@ recorded on the span and the body is cut short: never a fake clean end).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from ragtoll.instrumentation import semconv as sc
 
@@ -41,7 +43,7 @@ from ..errors import (
     UpstreamTimeout,
     render,
 )
-from ..model import SOURCE_BAGGAGE, SOURCE_TRACEPARENT, TaskRef
+from ..model import SOURCE_BAGGAGE, SOURCE_PER_CALL, SOURCE_TRACEPARENT, TaskRef
 from .body import ClientDisconnected, RequestBody
 from .buffers import Held, InspectBytes
 from .caller import CallerResolver
@@ -64,9 +66,11 @@ class Pipeline:
                  identifier: Identifier, callers: CallerResolver, tracer: trace.Tracer,
                  on_end: Callable[[Exchange], None] | None = None,
                  root_sampled: Callable[[int], bool] = lambda _trace_id: True,
-                 conversations: Conversations | None = None, refusals: RefusalSpans | None = None) -> None:
+                 conversations: Conversations | None = None, refusals: RefusalSpans | None = None,
+                 end_task: Callable[[Exchange], Awaitable[None]] | None = None) -> None:
         """Raises ContractError when the stages' order cannot serve what each reads (exchange.py).
-        `conversations`: tells the task of an untracked call by its conversation (None: the session)."""
+        `conversations`: tells the task of an untracked call by its conversation (None: the session).
+        `end_task`: ends a per-call task once its call is settled, before the call's span ends."""
         check_contracts(stages)
         self.conversations = conversations
         self.router = router
@@ -85,6 +89,7 @@ class Pipeline:
         self._max_body = settings.server.max_body_bytes
         self._body_timeout = settings.server.body_timeout_s
         self._on_end = on_end  # per-call metrics; failsafe
+        self._end_task = end_task  # failsafe, as on_end
 
     async def handle(self, route: Route, scope: Scope, receive: Receive, send: Send) -> None:
         raw_headers: list[tuple[bytes, bytes]] = scope["headers"]
@@ -121,12 +126,18 @@ class Pipeline:
                     ex.response_headers[0] = (TASK_HEADER_OUT, task.id.encode())
         # The call span is the request's server span too: one span per call (docs/observability.md).
         # Named by the request until the parse names the call (`_describe_call`).
-        parent = trace.set_span_in_context(NonRecordingSpan(_parent_context(task, headers, self._root_sampled)))
+        # A per-call task is its one call: that call's span is the trace's root and, once the task
+        # ends with the call, carries the task's summary (no `ragtoll.task` span of its own).
+        per_call = task.source == SOURCE_PER_CALL
+        parent = Context() if per_call else \
+            trace.set_span_in_context(NonRecordingSpan(_parent_context(task, headers, self._root_sampled)))
         span = ex.span = self.tracer.start_span(
             f"{ex.method} {route.prefix}", context=parent, kind=SpanKind.SERVER, start_time=started_ns,
             attributes={sc.HTTP_REQUEST_METHOD: ex.method, sc.HTTP_ROUTE: route.prefix + "/*",
                         sc.URL_PATH: scope["path"][:256]},
         )
+        if per_call and span.get_span_context().is_valid:  # the task's record names the span's trace
+            task = ex.task = dataclasses.replace(task, trace_id=span.get_span_context().trace_id)
         ran = False
         try:
             if not early:
@@ -284,6 +295,11 @@ class Pipeline:
             try:
                 await stage.on_end(ex)
             except Exception as exc:  # noqa: BLE001 - failsafe: a stage's bookkeeping never fails the call
+                span.record_exception(exc)
+        if self._end_task is not None and ex.task is not None and ex.task.source == SOURCE_PER_CALL:
+            try:
+                await self._end_task(ex)
+            except Exception as exc:  # noqa: BLE001 - failsafe, as above: the idle sweep ends it then
                 span.record_exception(exc)
         _finish_span(span, ex)
         if self._on_end is not None:

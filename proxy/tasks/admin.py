@@ -269,7 +269,7 @@ OPENAPI: dict[str, Any] = {
                 "rejections": {"type": "object", "additionalProperties": {"type": "integer"}},
                 "exhausted": {"type": ["string", "null"]},
                 "outcome": {"type": ["object", "null"], "properties": {"correct": {"type": "boolean"}}},
-                "end_reason": {"enum": ["explicit", "idle", "shutdown"]}}},
+                "end_reason": {"enum": ["explicit", "idle", "call", "shutdown"]}}},
         },
     },
     "security": [{"bearer": []}],

@@ -1,4 +1,5 @@
-"""Task records: the summary written once when a task ends (admin end call or idle timeout).
+"""Task records: the summary written once when a task ends (admin end call, idle timeout, or the end
+of a per-call task's one call).
 
 `task_record` is pure (ledger in, dict out, fixed keys the report reads). Sinks append records:
 a JSONL file by default (rotated by size), a Redis Stream when the store is Redis (through the
@@ -8,6 +9,7 @@ store's client, so this module imports no I/O library).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import fcntl
 import logging
@@ -28,7 +30,9 @@ log = logging.getLogger("ragtoll.records")
 END_EXPLICIT = "explicit"
 END_IDLE = "idle"
 END_SHUTDOWN = "shutdown"
+END_CALL = "call"  # a per-call task (`tasks.untracked: per-call`) ends with its one call
 _SWEEP_YIELD_S = 0.002  # a sweep hands the event loop to calls at least this often
+CALL_END_DELAY_S = 0.05  # records of per-call tasks are written together, this long after the first
 
 
 def _iso(ms: int) -> str | None:
@@ -198,6 +202,12 @@ class TaskEnder:
     task never write two records. A sweep writes its records in one sink call: one write per
     task (a thread hop each) could not keep up with a busy proxy, and ledgers of tasks that
     should have ended piled up in memory.
+
+    A per-call task can never see a second call (its id is drawn fresh for its one call and no
+    client can name it), so it ends as that call finishes (`end_with_call`, before the call's span
+    ends, which carries its summary), its record written with others a few tens of milliseconds
+    later, instead of an idle timeout later: a busy proxy otherwise kept a minute of such tasks'
+    ledgers alive, and the garbage collector's full passes walked all of them (docs/performance.md).
     """
 
     def __init__(self, store: Any, sink: RecordSink, idle_timeout_s: float,
@@ -209,6 +219,29 @@ class TaskEnder:
         self.sink_failures = 0
         # called with each ended task's record (task summary span, task metrics); failsafe
         self.listeners: list[Callable[[dict[str, Any]], object]] = []
+        self._unwritten: list[dict[str, Any]] = []  # records of per-call tasks, for the next batch
+        self._flush: asyncio.Task[None] | None = None
+
+    async def end_with_call(self, task_id: str) -> dict[str, Any] | None:
+        """`task_id`'s one call finished: end it now (its listeners run now, so the call's span can
+        carry the summary); its record is written with the next batch. None if it had no ledger."""
+        record = await self._end(task_id, None, END_CALL, None)
+        if record is not None:
+            self._unwritten.append(record)
+            if self._flush is None:
+                self._flush = asyncio.get_running_loop().create_task(self._write_later())
+        return record
+
+    async def _write_later(self) -> None:
+        try:
+            await asyncio.sleep(CALL_END_DELAY_S)
+        finally:
+            self._flush = None
+            await self._write_waiting()
+
+    async def _write_waiting(self) -> None:
+        batch, self._unwritten = self._unwritten, []
+        await self._write(batch)
 
     async def end(self, task_id: str, outcome: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """End `task_id` now (admin call); its record, or None if it had already ended."""
@@ -220,18 +253,25 @@ class TaskEnder:
     async def sweep(self) -> int:
         """End every task idle for longer than the idle timeout; returns how many ended."""
         cutoff = self._wall_ms() - self.idle_ms
+        records = await self._end_all(await self.store.idle_tasks(cutoff), END_IDLE, cutoff)
+        await self._write(records)
+        return len(records)
+
+    async def _end_all(self, task_ids: Sequence[str], reason: str, cutoff: int | None) -> list[dict[str, Any]]:
+        """End `task_ids`, handing the loop to waiting calls now and then; their records (a task
+        another replica or an earlier pass ended has none)."""
         records: list[dict[str, Any]] = []
         failed = 0
         error = ""
         turn = time.perf_counter()
-        for task_id in await self.store.idle_tasks(cutoff):
+        for task_id in task_ids:
             if time.perf_counter() - turn > _SWEEP_YIELD_S:
                 # Ending a task (its record, summary span and metrics) takes ~0.1-0.3 ms, and a sweep
                 # after a burst ends thousands: calls waiting on the loop go first (bench/tail_probe.py)
                 await asyncio.sleep(0)
                 turn = time.perf_counter()
             try:
-                record = await self._end(task_id, None, END_IDLE, cutoff)
+                record = await self._end(task_id, None, reason, cutoff)
             except Exception as exc:  # noqa: BLE001 - a task on a failed Cluster node must not keep the
                 failed += 1           # others from ending; it is ended on a later sweep
                 error = type(exc).__name__
@@ -239,9 +279,8 @@ class TaskEnder:
             if record is not None:
                 records.append(record)
         if failed:
-            log.warning("%d idle task(s) not ended (%s); retried on the next sweep", failed, error)
-        await self._write(records)
-        return len(records)
+            log.warning("%d task(s) not ended (%s); retried on the next sweep", failed, error)
+        return records
 
     async def shutdown(self) -> tuple[int, int]:
         """The process is stopping, its calls done: end what only it holds, as (ended, handed over).
@@ -250,6 +289,11 @@ class TaskEnder:
         handed over (their sweeps end them once idle: a task may go on at another replica);
         with the memory store every live task ends now, `end_reason: shutdown`, since nothing
         else could ever end it."""
+        if self._flush is not None:  # the records of per-call tasks that ended with their call
+            self._flush.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flush
+        await self._write_waiting()
         ended = await self.sweep()
         handed = await self.store.hand_over()
         if handed:
@@ -267,7 +311,7 @@ class TaskEnder:
         ledger = await self.store.end_task(task_id, idle_before_ms)
         if ledger is None:
             return None
-        ended = ledger.last_ms if reason == END_IDLE else self._wall_ms()
+        ended = ledger.last_ms if reason in (END_IDLE, END_CALL) else self._wall_ms()
         record = task_record(ledger, ended_ms=ended, end_reason=reason, outcome=outcome)
         for listener in self.listeners:
             try:

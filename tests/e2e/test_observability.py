@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+import time
 from typing import Any
 
 import httpx
+import orjson
 from conftest import Telemetry, Upstream, default_upstreams
 from opentelemetry.sdk.metrics import MeterProvider
 from ragtoll.instrumentation.metrics import prometheus_reader
@@ -103,3 +105,48 @@ def test_ending_a_task_records_its_summary_span_as_the_trace_root(upstream: Upst
     assert len(calls) == 2 and {s.parent.span_id for s in calls} == {summary.context.span_id}
     task_cost = points(telemetry)["ragtoll.task.cost"]
     assert sum(p.count for p in task_cost) == 1
+
+
+def test_a_per_call_task_ends_with_its_call(upstream: Upstream, telemetry: Telemetry, tmp_path: Any) -> None:
+    """`tasks.untracked: per-call`: each call is a task no later call can join, so it ends as its call
+    finishes (end reason `call`), not an idle timeout later. Its trace is one span: the call's, the
+    root, carrying the task summary a `ragtoll.task` span carries for other tasks; the record names
+    that trace, and the task metrics count the task, all while the proxy still serves."""
+    records = tmp_path / "tasks.jsonl"
+    raw = {**RAW, "upstreams": default_upstreams(upstream.url),
+           "budgets": {**RAW["budgets"], "records_file": str(records)},
+           "tasks": {"untracked": "per-call", "idle_timeout_s": 3600}}  # the sweep never ends them here
+    app = build_app(config.parse(raw), tracer_provider=telemetry.tracer_provider,
+                    meter_provider=telemetry.meter_provider, env=ENV)
+    with serve_in_thread(app) as base:
+        for _ in range(5):
+            r = httpx.post(f"{base}/openai/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": []})
+            assert r.status_code == 200, r.text  # max_steps 1 per task: five tasks, none refused
+        lines = wait_for(lambda: records.read_text().splitlines() if records.exists() else [], 5)
+        spans = telemetry.spans()
+    written = [orjson.loads(line) for line in lines]
+    assert [(w["end_reason"], w["calls"], w["task_source"]) for w in written] == [("call", 1, "per-call")] * 5
+    by_task = {s.attributes["ragtoll.task.id"]: s for s in spans}
+    assert len(spans) == 5 and sorted(by_task) == sorted(w["task_id"] for w in written)  # no ragtoll.task span
+    for w in written:
+        call = by_task[w["task_id"]]
+        assert call.parent is None and f"{call.context.trace_id:032x}" == w["trace_id"]
+        assert call.name == "chat gpt-4o-mini" and call.attributes["ragtoll.task.end_reason"] == "call"
+        # the task's totals: the call's budget counts where its span has them, else the summary's own
+        assert call.attributes["ragtoll.budget.max_steps.used"] == w["steps"] == 1
+        assert "ragtoll.task.steps" not in call.attributes and "ragtoll.task.calls" not in call.attributes
+        for key in ("context_tokens", "completion_tokens", "cache_hits", "duration_ms"):
+            assert call.attributes[f"ragtoll.task.{key}"] == w[key], key  # no limit on these here
+        assert call.attributes["ragtoll.cost.usd"] == w["cost_usd"] > 0  # the task's is the call's
+    ended = points(telemetry)["ragtoll.task.calls"]
+    assert sum(p.count for p in ended) == 5 and {p.attributes["ragtoll.task.end_reason"] for p in ended} == {"call"}
+
+
+def wait_for(read: Any, count: int, timeout_s: float = 5.0) -> list[Any]:
+    """What `read()` returns once it holds `count` items (the ender batches a few tens of ms apart)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = read()
+        if len(got) >= count or time.monotonic() > deadline:
+            return got
+        time.sleep(0.02)

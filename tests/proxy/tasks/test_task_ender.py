@@ -3,6 +3,7 @@ hear of it (a failing one does not stop the others), and a sweep writes in one s
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ from ragtoll.proxy.core import budget as bm
 from ragtoll.proxy.core.budget import Charge
 from ragtoll.proxy.stores.base import TaskMeta
 from ragtoll.proxy.stores.memory import MemoryStore
+from ragtoll.proxy.tasks import records
 from ragtoll.proxy.tasks.records import JsonlSink, TaskEnder
 
 
@@ -66,3 +68,39 @@ async def test_a_sweep_writes_its_records_in_one_sink_call(tmp_path: Path) -> No
     lines = (tmp_path / "tasks.jsonl").read_bytes().splitlines()
     assert [orjson.loads(line)["task_id"] for line in lines] == [f"t{i}" for i in range(500)]
     assert await store.idle_tasks(50_000) == [] and await ender.sweep() == 0 and writes == [500]
+
+
+async def test_per_call_tasks_end_at_once_and_their_records_go_in_batches(tmp_path: Path) -> None:
+    """`end_with_call`: the task ends now (its record returned, listeners told) and its record is
+    written with the others that ended within one delay, in one sink write; at shutdown the
+    records still waiting are written first."""
+    writes: list[int] = []
+
+    class CountingSink(JsonlSink):
+        def _write(self, data: bytes) -> None:
+            writes.append(data.count(b"\n"))
+            super()._write(data)
+
+    store, seen = MemoryStore(), []
+    ender = TaskEnder(store, CountingSink(str(tmp_path / "tasks.jsonl")), idle_timeout_s=3600.0)
+    ender.listeners.append(seen.append)
+    meta = TaskMeta("p", "", "openai", "per-call", "cd" * 16)
+    for n in range(8):
+        done = await store.reserve(f"call-{n}", meta, {}, Charge(steps=1), 10_000 + n)
+        await store.settle(f"call-{n}", done.reservation, bm.Actual(), 10_000 + n)
+    for n in range(5):
+        record = await ender.end_with_call(f"call-{n}")
+        assert record is not None and record["end_reason"] == "call" and seen[-1] is record
+    assert writes == []  # not yet: one write for the batch
+    await asyncio.sleep(records.CALL_END_DELAY_S * 4)
+    assert writes == [5]
+    lines = [orjson.loads(line) for line in (tmp_path / "tasks.jsonl").read_bytes().splitlines()]
+    assert [(r["task_id"], r["end_reason"]) for r in lines] == [(f"call-{n}", "call") for n in range(5)]
+    assert lines[0]["ended_at"] == lines[0]["started_at"]  # at its call's end
+    for n in range(5, 8):
+        await ender.end_with_call(f"call-{n}")
+    assert await ender.shutdown() == (0, 0)  # nothing left to end: the three ended with their calls
+    assert writes == [5, 3] and store.local_tasks() == []
+    assert await ender.end_with_call("call-0") is None  # ended already: nothing written twice
+    await asyncio.sleep(records.CALL_END_DELAY_S * 4)
+    assert writes == [5, 3]

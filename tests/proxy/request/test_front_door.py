@@ -110,7 +110,7 @@ async def test_connections_trickling_header_bytes_are_closed_at_the_header_timeo
         t0 = time.monotonic()
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
         try:
-            while time.monotonic() - t0 < HEADER_TIMEOUT_S + 5:
+            while time.monotonic() - t0 < HEADER_TIMEOUT_S + 20:
                 writer.write(b"x")  # one header byte at a time, never the blank line
                 await writer.drain()
                 with contextlib.suppress(TimeoutError):
@@ -125,7 +125,9 @@ async def test_connections_trickling_header_bytes_are_closed_at_the_header_timeo
 
     with Prober(front.port):
         closed_after = await asyncio.gather(*(trickle() for _ in range(300)))
-    assert max(closed_after) < HEADER_TIMEOUT_S + 3, sorted(closed_after)[-5:]
+    # closed at the timeout, not never (inf); the slack is for a loaded machine, where these 300
+    # clients and the server share 2 cores (it once missed +3 s while other suites ran)
+    assert max(closed_after) < HEADER_TIMEOUT_S + 8, sorted(closed_after)[-5:]
 
 
 @pytest.mark.slow

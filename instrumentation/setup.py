@@ -2,8 +2,8 @@
 
 With no exporter configured nothing is exported and nothing errors. OTLP over HTTP/protobuf is the
 default protocol; `OTEL_EXPORTER_OTLP_PROTOCOL=grpc` switches to gRPC. Jaeger ingests either. Spans
-are exported from a child process by default (export.py: `telemetry.export: process`), or from the
-SDK's batch thread in this process (`thread`).
+are exported from the SDK's batch thread in this process by default (`telemetry.export: thread`), or
+from a child process (`process`, export.py).
 """
 
 from __future__ import annotations

@@ -107,7 +107,9 @@ async def serve(app: Any, cfg: ServerConfig, *, on_signal: Callable[[], None] | 
     check_bindable(cfg.host, cfg.port)
     return_big_buffers()
     gate = ConnectionGate(cfg.port, share_of(cfg.max_connections, cfg.max_connections_per_address))
-    server = make_server(gate.watch(app), cfg, interface=interface)
+    # the gate learns which peers are mid-request from ASGI calls; an RSGI app (bench/'s floors) is
+    # served unwrapped, the gate still bounding its connections per address
+    server = make_server(gate.watch(app) if interface == Interfaces.ASGI else app, cfg, interface=interface)
     loop = asyncio.get_running_loop()
 
     def stop() -> None:

@@ -13,6 +13,7 @@ import redis
 from conftest import ProxyFactory, Telemetry, Upstream
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy.stores.breaker import STORE_RETRY_MS
+from ragtoll.proxy.stores.redis import task_keys
 from support.redis_server import start_redis, stop_all
 from test_budgets import TOKEN, budgets, call_spans, chat, remaining, task, upstreams
 
@@ -44,6 +45,36 @@ def test_redis_store_enforces_and_records_to_a_stream(proxy: ProxyFactory, upstr
     assert record == end.json()
     assert (record["task_id"], record["steps"], record["rejections"], record["outcome"]) == \
         (t, 2, {"max_steps": 1}, {"correct": False})
+
+
+def test_per_call_tasks_end_with_their_call_on_redis(proxy: ProxyFactory, upstream: Upstream, redis_url: str) -> None:
+    """On the shared store too, a per-call task ends as its call is settled: its record reaches the
+    stream while the proxy serves, and its ledger is gone from Redis (nothing left for a sweep)."""
+    stream = f"ragtoll:records:{uuid.uuid4().hex}"
+    cfg = {**budgets(max_steps=1), "records_stream": stream}
+    client = redis.Redis.from_url(redis_url)
+    try:
+        with proxy(upstreams=upstreams(upstream.url), store=redis_url, budgets=cfg,
+                   tasks={"untracked": "per-call", "idle_timeout_s": 3600}) as base, httpx.Client() as http:
+            ids = []
+            for _ in range(3):
+                r = http.post(f"{base}/openai/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": []})
+                assert r.status_code == 200, r.text
+                ids.append(r.headers["x-ragtoll-task-id"])
+            deadline = time.monotonic() + 5
+            while client.xlen(stream) < 3 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            entries = client.xrange(stream)
+            # the task's keys share one hash tag: match its prefix, not the id (which keys never hold)
+            left = [key for t in ids for key in client.scan_iter(match=task_keys(t)[0][:-1] + "*")]
+            assert all(client.exists(task_keys(t)[0]) == 0 for t in ids)
+    finally:
+        client.delete(stream)
+        client.close()
+    records = [orjson.loads(e[1][b"record"]) for e in entries]
+    assert sorted(r["task_id"] for r in records) == sorted(ids)
+    assert {(r["end_reason"], r["calls"], r["task_source"]) for r in records} == {("call", 1, "per-call")}
+    assert left == []
 
 
 @pytest.mark.slow

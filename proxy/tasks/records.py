@@ -253,25 +253,18 @@ class TaskEnder:
     async def sweep(self) -> int:
         """End every task idle for longer than the idle timeout; returns how many ended."""
         cutoff = self._wall_ms() - self.idle_ms
-        records = await self._end_all(await self.store.idle_tasks(cutoff), END_IDLE, cutoff)
-        await self._write(records)
-        return len(records)
-
-    async def _end_all(self, task_ids: Sequence[str], reason: str, cutoff: int | None) -> list[dict[str, Any]]:
-        """End `task_ids`, handing the loop to waiting calls now and then; their records (a task
-        another replica or an earlier pass ended has none)."""
         records: list[dict[str, Any]] = []
         failed = 0
         error = ""
         turn = time.perf_counter()
-        for task_id in task_ids:
+        for task_id in await self.store.idle_tasks(cutoff):
             if time.perf_counter() - turn > _SWEEP_YIELD_S:
                 # Ending a task (its record, summary span and metrics) takes ~0.1-0.3 ms, and a sweep
                 # after a burst ends thousands: calls waiting on the loop go first (bench/tail_probe.py)
                 await asyncio.sleep(0)
                 turn = time.perf_counter()
             try:
-                record = await self._end(task_id, None, reason, cutoff)
+                record = await self._end(task_id, None, END_IDLE, cutoff)
             except Exception as exc:  # noqa: BLE001 - a task on a failed Cluster node must not keep the
                 failed += 1           # others from ending; it is ended on a later sweep
                 error = type(exc).__name__
@@ -279,8 +272,9 @@ class TaskEnder:
             if record is not None:
                 records.append(record)
         if failed:
-            log.warning("%d task(s) not ended (%s); retried on the next sweep", failed, error)
-        return records
+            log.warning("%d idle task(s) not ended (%s); retried on the next sweep", failed, error)
+        await self._write(records)
+        return len(records)
 
     async def shutdown(self) -> tuple[int, int]:
         """The process is stopping, its calls done: end what only it holds, as (ended, handed over).

@@ -14,6 +14,7 @@ from conftest import ProxyFactory, Telemetry, Upstream
 from ragtoll.instrumentation import semconv as sc
 from ragtoll.proxy.stores.breaker import STORE_RETRY_MS
 from ragtoll.proxy.stores.redis import task_keys
+from support.poll import wait_until
 from support.redis_server import start_redis, stop_all
 from test_budgets import TOKEN, budgets, call_spans, chat, remaining, task, upstreams
 
@@ -61,9 +62,7 @@ def test_per_call_tasks_end_with_their_call_on_redis(proxy: ProxyFactory, upstre
                 r = http.post(f"{base}/openai/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": []})
                 assert r.status_code == 200, r.text
                 ids.append(r.headers["x-ragtoll-task-id"])
-            deadline = time.monotonic() + 5
-            while client.xlen(stream) < 3 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_until(lambda: client.xlen(stream) >= 3)
             entries = client.xrange(stream)
             # the task's keys share one hash tag: match its prefix, not the id (which keys never hold)
             left = [key for t in ids for key in client.scan_iter(match=task_keys(t)[0][:-1] + "*")]

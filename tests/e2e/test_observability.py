@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from typing import Any
 
 import httpx
@@ -14,6 +13,7 @@ from ragtoll.instrumentation.metrics import prometheus_reader
 from ragtoll.proxy import config
 from ragtoll.proxy.app import build_app
 from ragtoll.proxy.request.identify import derived_span_id, derived_trace_id
+from support.poll import wait_until
 from support.servers import serve_in_thread
 
 ADMIN = "observability-admin-token"
@@ -122,9 +122,12 @@ def test_a_per_call_task_ends_with_its_call(upstream: Upstream, telemetry: Telem
         for _ in range(5):
             r = httpx.post(f"{base}/openai/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": []})
             assert r.status_code == 200, r.text  # max_steps 1 per task: five tasks, none refused
-        lines = wait_for(lambda: records.read_text().splitlines() if records.exists() else [], 5)
+        def lines() -> list[str]:
+            return records.read_text().splitlines() if records.exists() else []
+
+        wait_until(lambda: len(lines()) >= 5)  # the ender writes a batch a few tens of ms apart
         spans = telemetry.spans()
-    written = [orjson.loads(line) for line in lines]
+    written = [orjson.loads(line) for line in lines()]
     assert [(w["end_reason"], w["calls"], w["task_source"]) for w in written] == [("call", 1, "per-call")] * 5
     by_task = {s.attributes["ragtoll.task.id"]: s for s in spans}
     assert len(spans) == 5 and sorted(by_task) == sorted(w["task_id"] for w in written)  # no ragtoll.task span
@@ -141,12 +144,3 @@ def test_a_per_call_task_ends_with_its_call(upstream: Upstream, telemetry: Telem
     ended = points(telemetry)["ragtoll.task.calls"]
     assert sum(p.count for p in ended) == 5 and {p.attributes["ragtoll.task.end_reason"] for p in ended} == {"call"}
 
-
-def wait_for(read: Any, count: int, timeout_s: float = 5.0) -> list[Any]:
-    """What `read()` returns once it holds `count` items (the ender batches a few tens of ms apart)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = read()
-        if len(got) >= count or time.monotonic() > deadline:
-            return got
-        time.sleep(0.02)

@@ -48,7 +48,7 @@ from .stores import Stores, open_stores
 from .stores.conversations import open_conversation_store
 from .stores.principals import local_principal_store, open_principal_store
 from .tasks.admin import AdminApi
-from .tasks.records import TaskEnder, open_sink
+from .tasks.records import END_CALL, TaskEnder, open_sink
 
 TRACER_NAME = "ragtoll.proxy"
 log = logging.getLogger("ragtoll")
@@ -316,8 +316,12 @@ class RagtollApp:
                                      cached_input_tokens=record["cached_input_tokens"],
                                      evidence_tokens=evidence.get("prompt_tokens"),
                                      evidence_resent_tokens=evidence.get("resent_tokens"))
-        if not record.get("trace_id") or not record.get("started_at") or record.get("task_source") == SOURCE_PER_CALL:
-            return  # a per-call task's summary is on its call's span (`_end_per_call_task`)
+        if not record.get("trace_id") or not record.get("started_at"):
+            return
+        if record.get("task_source") == SOURCE_PER_CALL and record.get("end_reason") == END_CALL:
+            # its summary is on its call's span (`_end_per_call_task`); one whose end at its call
+            # failed (the store did not answer) is ended later by the sweep, and gets its own span
+            return
         task_id = record["task_id"]
         named_by_caller = record.get("task_source") == "traceparent"
         attrs = _task_attributes(record, on_call_span=None)

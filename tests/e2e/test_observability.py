@@ -144,3 +144,33 @@ def test_a_per_call_task_ends_with_its_call(upstream: Upstream, telemetry: Telem
     ended = points(telemetry)["ragtoll.task.calls"]
     assert sum(p.count for p in ended) == 5 and {p.attributes["ragtoll.task.end_reason"] for p in ended} == {"call"}
 
+
+
+def test_a_per_call_task_ended_later_gets_its_own_summary_span(upstream: Upstream, telemetry: Telemetry,
+                                                               tmp_path: Any) -> None:
+    """A per-call task whose end at its call failed (its store did not answer) stays live until the
+    idle sweep ends it; its summary then cannot go on the call's span, which has ended, so it gets a
+    `ragtoll.task` span in the call's trace, as any other task does. Ended with its call: no second span."""
+    records = tmp_path / "tasks.jsonl"
+    raw = {**RAW, "upstreams": default_upstreams(upstream.url),
+           "budgets": {**RAW["budgets"], "records_file": str(records)},
+           "tasks": {"untracked": "per-call", "idle_timeout_s": 3600}}
+    app = build_app(config.parse(raw), tracer_provider=telemetry.tracer_provider,
+                    meter_provider=telemetry.meter_provider, env=ENV)
+    with serve_in_thread(app) as base:
+        r = httpx.post(f"{base}/openai/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": []})
+        assert r.status_code == 200, r.text
+        wait_until(lambda: records.exists() and records.read_text().strip() != "")
+        record = orjson.loads(records.read_text().splitlines()[0])
+        assert record["end_reason"] == "call" and len(telemetry.spans()) == 1
+        listeners = list(app.ender.listeners)  # what the ender runs for every task it ends
+        for listener in listeners:
+            listener(record)  # ended with its call (again): its summary is on the call span
+        assert [s.name for s in telemetry.spans()] == ["chat gpt-4o-mini"]
+        swept = {**record, "end_reason": "idle"}  # the same task, as the sweep would have ended it
+        for listener in listeners:
+            listener(swept)
+    summary = [s for s in telemetry.spans() if s.name == "ragtoll.task"]
+    assert len(summary) == 1 and f"{summary[0].context.trace_id:032x}" == record["trace_id"]
+    assert summary[0].attributes["ragtoll.task.end_reason"] == "idle"
+    assert summary[0].attributes["ragtoll.task.id"] == record["task_id"]

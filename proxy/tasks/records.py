@@ -33,6 +33,9 @@ END_SHUTDOWN = "shutdown"
 END_CALL = "call"  # a per-call task (`tasks.untracked: per-call`) ends with its one call
 _SWEEP_YIELD_S = 0.002  # a sweep hands the event loop to calls at least this often
 CALL_END_DELAY_S = 0.05  # records of per-call tasks are written together, this long after the first
+# Records of per-call tasks waiting while a write is slow (one write at a time): past this many the
+# oldest are counted lost (`sink_failures`, logged), so a stalled sink holds at most this many (~2 KB each)
+MAX_WAITING_RECORDS = 10_000
 
 
 def _iso(ms: int) -> str | None:
@@ -220,7 +223,9 @@ class TaskEnder:
         # called with each ended task's record (task summary span, task metrics); failsafe
         self.listeners: list[Callable[[dict[str, Any]], object]] = []
         self._unwritten: list[dict[str, Any]] = []  # records of per-call tasks, for the next batch
-        self._flush: asyncio.Task[None] | None = None
+        self._flush: asyncio.Task[None] | None = None  # writes them, one batch at a time
+        self._writing = False  # a batch is being written (shutdown waits for it rather than cut it)
+        self._dropping = False  # records were lost since the last write that went through
 
     async def end_with_call(self, task_id: str) -> dict[str, Any] | None:
         """`task_id`'s one call finished: end it now (its listeners run now, so the call's span can
@@ -228,20 +233,36 @@ class TaskEnder:
         record = await self._end(task_id, None, END_CALL, None)
         if record is not None:
             self._unwritten.append(record)
+            if len(self._unwritten) > MAX_WAITING_RECORDS:  # the sink is stalled: bounded, and said
+                lost = len(self._unwritten) - MAX_WAITING_RECORDS
+                del self._unwritten[:lost]
+                self.sink_failures += lost
+                if not self._dropping:
+                    self._dropping = True
+                    log.warning("task records are waiting on a slow sink; the oldest past %d are not written",
+                                MAX_WAITING_RECORDS)
             if self._flush is None:
                 self._flush = asyncio.get_running_loop().create_task(self._write_later())
         return record
 
     async def _write_later(self) -> None:
+        """Write the waiting records a delay after the first, one batch at a time: records ending
+        while a write is slow wait for the next (never a write each, piling up on a stalled sink)."""
         try:
-            await asyncio.sleep(CALL_END_DELAY_S)
+            while self._unwritten:
+                await asyncio.sleep(CALL_END_DELAY_S)
+                self._writing = True
+                try:
+                    await self._write_waiting()
+                finally:
+                    self._writing = False
         finally:
             self._flush = None
-            await self._write_waiting()
 
     async def _write_waiting(self) -> None:
         batch, self._unwritten = self._unwritten, []
-        await self._write(batch)
+        if await self._write(batch):
+            self._dropping = False
 
     async def end(self, task_id: str, outcome: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """End `task_id` now (admin call); its record, or None if it had already ended."""
@@ -284,7 +305,8 @@ class TaskEnder:
         with the memory store every live task ends now, `end_reason: shutdown`, since nothing
         else could ever end it."""
         if self._flush is not None:  # the records of per-call tasks that ended with their call
-            self._flush.cancel()
+            if not self._writing:  # waiting out the delay: no need; a write in flight is let finish
+                self._flush.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flush
         await self._write_waiting()

@@ -104,3 +104,48 @@ async def test_per_call_tasks_end_at_once_and_their_records_go_in_batches(tmp_pa
     assert await ender.end_with_call("call-0") is None  # ended already: nothing written twice
     await asyncio.sleep(records.CALL_END_DELAY_S * 4)
     assert writes == [5, 3]
+
+
+async def test_per_call_records_wait_for_a_stalled_sink_one_write_at_a_time_and_bounded(
+        monkeypatch: Any) -> None:
+    """A sink that stalls (a full disk, a paused store) gets one write at a time: records of the
+    calls that end meanwhile wait for the next batch, at most MAX_WAITING_RECORDS of them; past
+    that the oldest are counted lost, not held. Once the sink answers, the rest are written."""
+    monkeypatch.setattr(records, "MAX_WAITING_RECORDS", 20)
+
+    class StalledSink:
+        def __init__(self) -> None:
+            self.open = asyncio.Event()
+            self.in_flight = self.most_in_flight = 0
+            self.written: list[str] = []
+
+        async def append(self, batch: Any) -> None:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            try:
+                await self.open.wait()
+                self.written += [r["task_id"] for r in batch]
+            finally:
+                self.in_flight -= 1
+
+    store, sink = MemoryStore(), StalledSink()
+    ender = TaskEnder(store, sink, idle_timeout_s=3600.0)
+    meta = TaskMeta("p", "", "openai", "per-call", "cd" * 16)
+
+    async def call(n: int) -> None:
+        done = await store.reserve(f"call-{n}", meta, {}, Charge(steps=1), 10_000 + n)
+        await store.settle(f"call-{n}", done.reservation, bm.Actual(), 10_000 + n)
+        assert await ender.end_with_call(f"call-{n}") is not None
+
+    await call(0)
+    await asyncio.sleep(records.CALL_END_DELAY_S * 3)  # the first batch's write is stuck now
+    for n in range(1, 51):
+        await call(n)
+        if n % 10 == 0:
+            await asyncio.sleep(records.CALL_END_DELAY_S * 2)  # time for more writes, were they allowed
+    assert sink.in_flight == 1 and sink.most_in_flight == 1
+    assert len(ender._unwritten) == 20 and ender.sink_failures == 30  # calls 1-30 lost, 31-50 wait
+    sink.open.set()
+    await ender.shutdown()
+    assert sink.most_in_flight == 1
+    assert sink.written == ["call-0", *(f"call-{n}" for n in range(31, 51))]

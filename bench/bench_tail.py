@@ -3,7 +3,8 @@ per call, against the bare floors, all in one run.
 
     python bench/bench_tail.py                      # full run (about 10 minutes)
     python bench/bench_tail.py --quick              # smoke run
-    python bench/bench_tail.py --servers            # also ragtoll on uvicorn and hypercorn, floors on granian
+    python bench/bench_tail.py --servers            # also ragtoll on uvicorn, hypercorn and granian's RSGI
+                                                    # (bench/asgi_on_rsgi.py), floors on granian
     python bench/bench_tail.py --variant nootel:OTEL_SDK_DISABLED=true --also before=/old/checkout/.venv/bin/python
     python bench/bench_tail.py --probe              # ragtoll under bench/tail_probe.py: loop lag, GC, export
 
@@ -235,12 +236,15 @@ def main() -> None:
                 targets.append(Target(f"floor-{client}@granian-{interface}", "/p",
                                       [sys.executable, "granian_app.py", app, str(port), interface],
                                       {**floor_env, "FLOOR_CLIENT": client}, port))
-        for server in ("uvicorn", "hypercorn"):
+        for server in ("uvicorn", "hypercorn", "granian-rsgi-adapter"):
             port = free_port()
             cfg = ragtoll_config(tmp, f"ragtoll-{server}", port, upstream)
-            cmd = uvicorn_cmd("ragtoll_uvicorn:app", port, "--factory") if server == "uvicorn" else [
-                sys.executable, "-m", "hypercorn", "ragtoll_uvicorn:app()", "--bind", f"127.0.0.1:{port}",
-                "--worker-class", "uvloop", "--log-level", "warning"]
+            cmd = {"uvicorn": uvicorn_cmd("ragtoll_uvicorn:app", port, "--factory"),
+                   "hypercorn": [sys.executable, "-m", "hypercorn", "ragtoll_uvicorn:app()", "--bind",
+                                 f"127.0.0.1:{port}", "--worker-class", "uvloop", "--log-level", "warning"],
+                   # the experiment of asgi_on_rsgi.py: not shippable (no raw path), measured for the record
+                   "granian-rsgi-adapter": [sys.executable, "granian_app.py", "ragtoll_uvicorn:app()", str(port),
+                                            "rsgi-adapter"]}[server]
             targets.append(Target(f"ragtoll@{server}", "/openai", cmd, {**export, "RAGTOLL_CONFIG": str(cfg)}, port))
     for spec in args.also:
         name, _, python = spec.partition("=")

@@ -146,6 +146,11 @@ class Metrics:
             description="Calls admitted while the budget store's answer was unknown, by what bounded them "
                         "(local: the replica's local ledger; none: nothing)")
 
+        self.records_lost = meter.create_counter(
+            sc.METRIC_TASK_RECORDS_LOST, unit="{record}",
+            description="Task records not written: the sink failed, or it stalled and more than 10,000 "
+                        "records of per-call tasks were waiting")
+
     def record_call(
         self,
         *,
@@ -207,6 +212,10 @@ class Metrics:
     def record_degraded_admission(self, bound: str) -> None:
         """One call admitted while the budget store's answer was unknown; `bound`: local or none."""
         self.degraded_admissions.add(1, self._attributes({sc.BUDGET_DEGRADED_BOUND: _one_of(DEGRADED_BOUNDS, bound)}))
+
+    def record_records_lost(self, count: int) -> None:
+        """`count` task records the sink did not take (task ends are not undone: their records are gone)."""
+        self.records_lost.add(count)
 
     def record_cache_lookup(self, result: str, tier: str | None = None) -> None:
         self.cache_lookups.add(1, self._attributes({

@@ -207,3 +207,4 @@ METRIC_TASK_EVIDENCE_RESENT_TOKENS = "ragtoll.task.evidence_resent_tokens"  # ..
 # calls admitted while the budget store's answer was unknown (Prometheus:
 # ragtoll_budget_degraded_admissions_total), by BUDGET_DEGRADED_BOUND
 METRIC_BUDGET_DEGRADED_ADMISSIONS = "ragtoll.budget.degraded_admissions"
+METRIC_TASK_RECORDS_LOST = "ragtoll.task.records_lost"  # task records the sink did not take

@@ -166,6 +166,7 @@ class RagtollApp:
                                  end_task=self._end_per_call_task)
         ender.listeners.extend(s.annotate for s in stages if isinstance(s, (ContextStage, EvidenceStage)))  # before the span
         ender.listeners.append(self._task_ended)
+        ender.on_lost = self.metrics.record_records_lost
         task_stages = [s for s in stages if type(s).on_task_end is not Stage.on_task_end]
         ender.listeners.append(lambda record: _forget(task_stages, str(record.get("task_id"))))
         self.admin.ender = self.ender = ender

@@ -219,7 +219,8 @@ class TaskEnder:
         self.sink = sink
         self.idle_ms = int(idle_timeout_s * 1000)
         self._wall_ms = wall_ms or (lambda: int(time.time() * 1000))
-        self.sink_failures = 0
+        self.sink_failures = 0  # records not written (the sink failed, or too many waited on it)
+        self.on_lost: Callable[[int], object] | None = None  # told how many each time (a metric)
         # called with each ended task's record (task summary span, task metrics); failsafe
         self.listeners: list[Callable[[dict[str, Any]], object]] = []
         self._unwritten: list[dict[str, Any]] = []  # records of per-call tasks, for the next batch
@@ -236,7 +237,7 @@ class TaskEnder:
             if len(self._unwritten) > MAX_WAITING_RECORDS:  # the sink is stalled: bounded, and said
                 lost = len(self._unwritten) - MAX_WAITING_RECORDS
                 del self._unwritten[:lost]
-                self.sink_failures += lost
+                self._lost(lost)
                 if not self._dropping:
                     self._dropping = True
                     log.warning("task records are waiting on a slow sink; the oldest past %d are not written",
@@ -343,10 +344,18 @@ class TaskEnder:
         try:
             await self.sink.append(records)
         except Exception as exc:  # noqa: BLE001 - say the records were lost, never raise into a sweep
-            self.sink_failures += len(records)
+            self._lost(len(records))
             log.warning("%d task record(s) not written (%s: %s)", len(records), type(exc).__name__, redact(str(exc)))
             return False
         return True
+
+    def _lost(self, count: int) -> None:
+        self.sink_failures += count
+        if self.on_lost is not None:
+            try:
+                self.on_lost(count)
+            except Exception:
+                log.exception("counting lost task records failed")
 
     async def record_outcome(self, task_id: str, correct: bool) -> dict[str, Any]:
         """Append a verdict on a task (`{"kind": "outcome", ...}`); `ragtoll report` applies a task's

@@ -567,7 +567,10 @@ def test_responses_stream_is_cut_as_incomplete(proxy: ProxyFactory, telemetry: T
     assert call_spans(telemetry, "chat")[0].attributes[sc.BUDGET_STREAM_CUT] == "max_completion_tokens"
 
 
-def test_an_unwritable_record_sink_still_ends_the_task(proxy: ProxyFactory, upstream: Upstream, tmp_path: Any) -> None:
+def test_an_unwritable_record_sink_still_ends_the_task(proxy: ProxyFactory, upstream: Upstream, tmp_path: Any,
+                                                       telemetry: Telemetry) -> None:
+    """The task ends, the admin answer says its record was not written, and the lost record is
+    counted (`ragtoll_task_records_lost_total`)."""
     t = task()
     cfg = {**budgets(max_steps=5), "records_file": str(tmp_path / "missing-dir" / "tasks.jsonl")}
     with proxy(upstreams=upstreams(upstream.url), budgets=cfg) as base, httpx.Client() as http:
@@ -576,6 +579,10 @@ def test_an_unwritable_record_sink_still_ends_the_task(proxy: ProxyFactory, upst
         gone = http.get(f"{base}/admin/tasks/{t}", headers=_auth())
     assert r.status_code == 200 and r.json()["record_written"] is False and r.json()["steps"] == 1
     assert gone.status_code == 404
+    data = telemetry.reader.get_metrics_data()
+    lost = [p.value for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+            if m.name == sc.METRIC_TASK_RECORDS_LOST for p in m.data.data_points]
+    assert lost == [1]
 
 
 @pytest.mark.parametrize("store", ["memory", "redis"])

@@ -128,8 +128,9 @@ async def test_per_call_records_wait_for_a_stalled_sink_one_write_at_a_time_and_
             finally:
                 self.in_flight -= 1
 
-    store, sink = MemoryStore(), StalledSink()
+    store, sink, told = MemoryStore(), StalledSink(), []
     ender = TaskEnder(store, sink, idle_timeout_s=3600.0)
+    ender.on_lost = told.append  # the app counts them in ragtoll_task_records_lost_total
     meta = TaskMeta("p", "", "openai", "per-call", "cd" * 16)
 
     async def call(n: int) -> None:
@@ -144,7 +145,7 @@ async def test_per_call_records_wait_for_a_stalled_sink_one_write_at_a_time_and_
         if n % 10 == 0:
             await asyncio.sleep(records.CALL_END_DELAY_S * 2)  # time for more writes, were they allowed
     assert sink.in_flight == 1 and sink.most_in_flight == 1
-    assert len(ender._unwritten) == 20 and ender.sink_failures == 30  # calls 1-30 lost, 31-50 wait
+    assert len(ender._unwritten) == 20 and ender.sink_failures == sum(told) == 30  # 1-30 lost, 31-50 wait
     sink.open.set()
     await ender.shutdown()
     assert sink.most_in_flight == 1

@@ -132,6 +132,11 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
         # on_store_error: open (the default): the call is forwarded, counted as admitted without the store
         store_down_open = {**store_down, "on_store_error": "open"}
         out.add(_serve_and_scrape(store_down_open, [("/openai/v1/chat/completions", CHAT, "t5")], tmp))
+        # a records file that cannot be written: the task ends, its record is counted lost
+        unwritable = {**working, "budgets": {**working["budgets"], "records_file": str(tmp / "missing" / "r.jsonl")}}
+        lost = _serve_and_scrape(unwritable, [("/openai/v1/chat/completions", CHAT, "t7")], tmp, ended=1)
+        assert re.search(r"^ragtoll_task_records_lost_total(\{[^}]*\})? 1\.0$", lost, re.M), lost
+        out.add(lost)
     yield out
 
 
@@ -300,7 +305,7 @@ def test_rules_have_severities_runbooks_and_the_configured_thresholds() -> None:
     _, rule = rendered(all_enabled())
     rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {"RagtollBudgetRejectionsSpike", "RagtollBudgetStoreDegraded", "RagtollBudgetsNotEnforced",
-                          "RagtollSpendRateHigh"}
+                          "RagtollTaskRecordsLost", "RagtollSpendRateHigh"}
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     for name, r in rules.items():
         assert r["labels"]["severity"] in {"warning", "critical"} and r["labels"]["team"] == "agents", name
@@ -314,10 +319,14 @@ def test_rules_have_severities_runbooks_and_the_configured_thresholds() -> None:
     assert "20%" in rules["RagtollBudgetRejectionsSpike"]["annotations"]["description"]
     # Prometheus' own templating reaches the rule unexpanded by Helm
     assert "{{ $labels.namespace }}" in rules["RagtollSpendRateHigh"]["annotations"]["summary"]
+    assert rules["RagtollTaskRecordsLost"]["expr"] == (
+        'sum by (namespace) (increase(ragtoll_task_records_lost_total{namespace="agents"}[10m])) > 0')
+    assert rules["RagtollTaskRecordsLost"]["labels"]["severity"] == "warning"
 
     values = {"mode": "gateway", "prometheusRule": {
         "enabled": True, "seriesSelector": "", "rejectionSpike": {"ratio": 0.05, "minCalls": 100},
-        "storeDegraded": {"enabled": False}, "degradedAdmissions": {"enabled": False}, "costRate": {"usdPerHour": 2.5, "for": "1h", "severity": "info"}}}
+        "storeDegraded": {"enabled": False}, "degradedAdmissions": {"enabled": False},
+        "recordsLost": {"enabled": False}, "costRate": {"usdPerHour": 2.5, "for": "1h", "severity": "info"}}}
     rule = find(documents(render(values)), "PrometheusRule", "demo-ragtoll")
     rules = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert set(rules) == {"RagtollBudgetRejectionsSpike", "RagtollSpendRateHigh"}
@@ -337,7 +346,7 @@ def test_prometheus_rule_is_valid_for_the_crd_and_the_check_is_strict(version: s
     assert validate(docs, version) == []
     rule = find(docs, "PrometheusRule", "demo-ragtoll")
     broken = json.loads(json.dumps(rule))
-    first, second, third, _ = broken["spec"]["groups"][0]["rules"]
+    first, second, third, *_ = broken["spec"]["groups"][0]["rules"]
     first["for"] = "10 minutes"
     second["anotations"] = second.pop("annotations")
     del third["expr"]

@@ -135,7 +135,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Exported]:
         # a records file that cannot be written: the task ends, its record is counted lost
         unwritable = {**working, "budgets": {**working["budgets"], "records_file": str(tmp / "missing" / "r.jsonl")}}
         lost = _serve_and_scrape(unwritable, [("/openai/v1/chat/completions", CHAT, "t7")], tmp, ended=1)
-        assert re.search(r"^ragtoll_task_records_lost_total(\{[^}]*\})? 1\.0$", lost, re.M), lost
+        assert re.search(r"^ragtoll_task_records_lost_total(\{[^}]*\})? 1\.0$", lost, re.MULTILINE), lost
         out.add(lost)
     yield out
 

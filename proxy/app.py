@@ -28,7 +28,6 @@ from . import __version__
 from .config import Settings
 from .core import tokens
 from .errors import NotFound, ShuttingDown, render
-from .model import SOURCE_PER_CALL
 from .request.caller import CallerResolver
 from .request.conversation import Conversations
 from .request.exchange import Exchange, Stage
@@ -319,9 +318,10 @@ class RagtollApp:
                                      evidence_resent_tokens=evidence.get("resent_tokens"))
         if not record.get("trace_id") or not record.get("started_at"):
             return
-        if record.get("task_source") == SOURCE_PER_CALL and record.get("end_reason") == END_CALL:
-            # its summary is on its call's span (`_end_per_call_task`); one whose end at its call
-            # failed (the store did not answer) is ended later by the sweep, and gets its own span
+        if record.get("end_reason") == END_CALL:
+            # a per-call task ended with its call: its summary is on that call's span
+            # (`_end_per_call_task`); one whose end at its call failed (the store did not answer)
+            # is ended later by the sweep, and gets its own span
             return
         task_id = record["task_id"]
         named_by_caller = record.get("task_source") == "traceparent"

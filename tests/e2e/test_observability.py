@@ -145,7 +145,6 @@ def test_a_per_call_task_ends_with_its_call(upstream: Upstream, telemetry: Telem
     assert sum(p.count for p in ended) == 5 and {p.attributes["ragtoll.task.end_reason"] for p in ended} == {"call"}
 
 
-
 def test_a_per_call_task_ended_later_gets_its_own_summary_span(upstream: Upstream, telemetry: Telemetry,
                                                                tmp_path: Any) -> None:
     """A per-call task whose end at its call failed (its store did not answer) stays live until the
